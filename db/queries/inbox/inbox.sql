@@ -1,0 +1,36 @@
+-- The inbox protocol, shared by Student (client keys on POST /students) and
+-- Users (the sender's keys on POST /users). Both databases have the same
+-- inbox table.
+
+-- name: ClaimKey :one
+-- Inserting the key is the claim. A concurrent transaction inserting the same
+-- key waits on the primary key until this one ends, then either finds the
+-- committed row (and replays it) or, if this one rolled back, claims it.
+INSERT INTO inbox (idempotency_key, request_hash, request)
+VALUES (@idempotency_key, @request_hash, @request)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING idempotency_key;
+
+-- name: GetKey :one
+SELECT idempotency_key, request_hash, request, status_code, response_body, resource_id, replays, created_at
+FROM inbox
+WHERE idempotency_key = @idempotency_key;
+
+-- name: SaveOutcome :exec
+UPDATE inbox
+SET status_code = @status_code, response_body = @response_body, resource_id = @resource_id
+WHERE idempotency_key = @idempotency_key;
+
+-- name: CountReplay :exec
+UPDATE inbox SET replays = replays + 1 WHERE idempotency_key = @idempotency_key;
+
+-- name: PurgeBefore :execrows
+-- Deletes at most batch_size rows per call, so the purge never holds long
+-- locks or writes a huge transaction.
+DELETE FROM inbox
+WHERE idempotency_key IN (
+    SELECT old.idempotency_key FROM inbox old
+    WHERE old.created_at < @cutoff::timestamptz
+    ORDER BY old.created_at
+    LIMIT @batch_size
+);

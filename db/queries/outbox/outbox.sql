@@ -1,0 +1,76 @@
+-- The outbox sender's queries. They run against Student's database, the
+-- only database the sender touches.
+
+-- name: ClaimDue :many
+-- SKIP LOCKED lets several senders claim side by side without waiting on
+-- each other or taking the same row. The claim is a lease: available_at
+-- moves forward, so if this sender dies the row becomes due again.
+UPDATE outbox o
+SET available_at = now() + @lease::interval,
+    lease_token  = gen_random_uuid(),
+    claimed_by   = @claimed_by,
+    attempts     = o.attempts + 1
+FROM (
+    SELECT id FROM outbox
+    WHERE state = 'pending' AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE o.id = due.id
+RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
+          o.lease_token::uuid AS lease_token, o.created_at;
+
+-- name: LinkStudents :many
+-- Records each returned user id on its student unless the student is
+-- already linked to a different user. The ids that come back were linked (or
+-- already held that same user); the caller treats the rest as conflicts.
+UPDATE students s
+SET user_id = d.user_id, updated_at = now()
+FROM (SELECT unnest(@student_ids::uuid[]) AS student_id, unnest(@user_ids::uuid[]) AS user_id) d
+WHERE s.id = d.student_id AND (s.user_id IS NULL OR s.user_id = d.user_id)
+RETURNING s.id;
+
+-- name: MarkDelivered :execrows
+-- No lease check: any answer for this key is the answer, even from a sender
+-- whose lease ran out, because Users replays the same result for the key.
+UPDATE outbox
+SET state = 'delivered', delivered_at = now(), lease_token = NULL, last_error = NULL
+WHERE id = ANY(@ids::bigint[]) AND state = 'pending';
+
+-- name: ScheduleRetries :execrows
+-- Only the holder of the current lease may reschedule a row; a sender whose
+-- lease expired and was taken over leaves the row to its new owner.
+UPDATE outbox o
+SET available_at = now() + d.delay, last_error = d.error, lease_token = NULL
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
+             unnest(@delays::interval[]) AS delay, unnest(@errors::text[]) AS error) d
+WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending';
+
+-- name: MarkDead :execrows
+UPDATE outbox o
+SET state = 'dead', dead_at = now(), last_error = d.error, lease_token = NULL
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
+             unnest(@errors::text[]) AS error) d
+WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending';
+
+-- name: MarkDeadUnleased :execrows
+-- Dead-letters rows whose Users answer cannot be recorded (the student is
+-- linked to a different user). Like MarkDelivered it needs no lease.
+UPDATE outbox o
+SET state = 'dead', dead_at = now(), last_error = d.error, lease_token = NULL
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@errors::text[]) AS error) d
+WHERE o.id = d.id AND o.state = 'pending';
+
+-- name: Release :execrows
+-- Hands claimed but unsent rows back at shutdown: due now, and the claim
+-- does not count as an attempt.
+UPDATE outbox
+SET available_at = now(), lease_token = NULL, claimed_by = NULL, attempts = GREATEST(attempts - 1, 0)
+WHERE id = ANY(@ids::bigint[]) AND lease_token = ANY(@lease_tokens::uuid[]) AND state = 'pending';
+
+-- name: OutboxStats :one
+SELECT count(*) FILTER (WHERE state = 'pending')   AS pending,
+       count(*) FILTER (WHERE state = 'delivered') AS delivered,
+       count(*) FILTER (WHERE state = 'dead')      AS dead
+FROM outbox;
