@@ -1,0 +1,218 @@
+// Package inbox owns idempotent request handling on the receiving side: the
+// Idempotency-Key header, the fingerprint of a request, and the inbox table
+// where each key's outcome is stored in the same transaction as its effect.
+// Both services use it: Users for the sender's create-user deliveries,
+// Student for clients' POST /students.
+package inbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/internal/inbox/inboxdb"
+	"github.com/outboxref/outboxref/internal/problem"
+)
+
+// ReplayedHeader marks a response served from the inbox rather than made
+// afresh. The first response for a key never carries it.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// Request is the canonical form of a request body: field name to value,
+// after decoding and validation, so that key order, whitespace in the JSON
+// and other encodings of the same values do not make a repeat look different.
+type Request map[string]string
+
+func (r Request) canonical() []byte {
+	b, err := json.Marshal(map[string]string(r)) // encoding/json sorts map keys
+	if err != nil {
+		panic("inbox: marshal request: " + err.Error()) // strings only: cannot fail
+	}
+	return b
+}
+
+// Fingerprint is the SHA-256 of the canonical form.
+func (r Request) Fingerprint() []byte {
+	sum := sha256.Sum256(r.canonical())
+	return sum[:]
+}
+
+// DifferingFields names the fields whose values differ between a stored
+// canonical request and r, sorted. Values are never reported: the key's
+// first request may hold data the second sender should not see.
+func DifferingFields(stored []byte, r Request) ([]string, error) {
+	var old map[string]string
+	if err := json.Unmarshal(stored, &old); err != nil {
+		return nil, fmt.Errorf("decode stored request: %w", err)
+	}
+	var names []string
+	for k, v := range r {
+		if ov, ok := old[k]; !ok || ov != v {
+			names = append(names, k)
+		}
+	}
+	for k := range old {
+		if _, ok := r[k]; !ok {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// Outcome is what a request under a key produced: the response to send, and
+// the id of what it created, if anything. It is stored with the key.
+type Outcome struct {
+	Status     int
+	Body       []byte
+	ResourceID uuid.UUID // uuid.Nil when nothing was created
+}
+
+// Op performs a request's effect inside the inbox transaction. It returns an
+// Outcome for every answer that must be the same on a repeat (a creation, a
+// business-rule refusal) and an error only for failures a retry may cure,
+// which roll everything back and store nothing.
+type Op func(ctx context.Context, tx pgx.Tx) (Outcome, error)
+
+// Inbox runs operations at most once per key against one database.
+type Inbox struct {
+	pool *pgxpool.Pool
+	q    *inboxdb.Queries
+
+	// LockTimeout bounds how long a request waits for a concurrent request
+	// with the same key to finish; past it the caller gets 409 and
+	// Retry-After.
+	LockTimeout time.Duration
+}
+
+// New returns an Inbox on pool's database, which must have the inbox table.
+func New(pool *pgxpool.Pool) *Inbox {
+	return &Inbox{pool: pool, q: inboxdb.New(), LockTimeout: 5 * time.Second}
+}
+
+// Do runs op once for key. The first request for a key claims it, runs op
+// and stores the outcome in one transaction. A repeat with the same
+// fingerprint gets the stored outcome back with replayed set and runs
+// nothing. A repeat with a different fingerprint is a 422 problem naming the
+// fields that differ. A request arriving while another with the same key is
+// still in its transaction waits for that transaction (Postgres' unique
+// index does the waiting) and then replays its outcome.
+func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Outcome, replayed bool, err error) {
+	err = pgx.BeginFunc(ctx, ib.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
+			fmt.Sprintf("%dms", ib.LockTimeout.Milliseconds())); err != nil {
+			return fmt.Errorf("set lock timeout: %w", err)
+		}
+		_, err := ib.q.ClaimKey(ctx, tx, inboxdb.ClaimKeyParams{
+			IdempotencyKey: key, RequestHash: req.Fingerprint(), Request: req.canonical(),
+		})
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			out, err = ib.replay(ctx, tx, key, req)
+			replayed = err == nil
+			return err
+		case err != nil:
+			return fmt.Errorf("claim idempotency key: %w", err)
+		}
+		if out, err = op(ctx, tx); err != nil {
+			return err
+		}
+		if err := ib.q.SaveOutcome(ctx, tx, inboxdb.SaveOutcomeParams{
+			IdempotencyKey: key,
+			StatusCode:     pgtype.Int4{Int32: int32(out.Status), Valid: true},
+			ResponseBody:   pgtype.Text{String: string(out.Body), Valid: true},
+			ResourceID:     uuid.NullUUID{UUID: out.ResourceID, Valid: out.ResourceID != uuid.Nil},
+		}); err != nil {
+			return fmt.Errorf("store outcome: %w", err)
+		}
+		return nil
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		return Outcome{}, false, &problem.Error{
+			Type: problem.TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict,
+			Detail:     "another request with this Idempotency-Key is still being processed; retry later",
+			RetryAfter: time.Second,
+		}
+	}
+	return out, replayed, err
+}
+
+func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key string, req Request) (Outcome, error) {
+	row, err := ib.q.GetKey(ctx, tx, key)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("load idempotency key: %w", err)
+	}
+	if string(row.RequestHash) != string(req.Fingerprint()) {
+		fields, err := DifferingFields(row.Request, req)
+		if err != nil {
+			return Outcome{}, err
+		}
+		p := &problem.Error{
+			Type: problem.TypeIdempotencyMismatch, Title: "Idempotency key reused with a different request",
+			Status: http.StatusUnprocessableEntity,
+			Detail: "this Idempotency-Key was first used with a request whose fields differ; use a new key for a new request",
+		}
+		for _, f := range fields {
+			p.Errors = append(p.Errors, problem.FieldError{Field: f, Detail: "differs from the first request sent with this key"})
+		}
+		return Outcome{}, p
+	}
+	if !row.StatusCode.Valid {
+		// The claim and the outcome are written in one transaction, so a
+		// visible row without an outcome means the schema was changed by hand.
+		return Outcome{}, fmt.Errorf("idempotency key %q has no stored outcome", key)
+	}
+	if err := ib.q.CountReplay(ctx, tx, key); err != nil {
+		return Outcome{}, fmt.Errorf("count replay: %w", err)
+	}
+	return Outcome{Status: int(row.StatusCode.Int32), Body: []byte(row.ResponseBody.String), ResourceID: row.ResourceID.UUID}, nil
+}
+
+// Purge deletes inbox rows created before cutoff, batch rows per statement,
+// and returns how many it deleted.
+func (ib *Inbox) Purge(ctx context.Context, cutoff time.Time, batch int) (int64, error) {
+	var total int64
+	for {
+		n, err := ib.q.PurgeBefore(ctx, ib.pool, inboxdb.PurgeBeforeParams{Cutoff: cutoff, BatchSize: int32(batch)})
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("purge inbox: %w", err)
+		}
+		if n < int64(batch) {
+			return total, nil
+		}
+	}
+}
+
+// PurgeLoop purges rows older than retention every interval until ctx ends.
+func (ib *Inbox) PurgeLoop(ctx context.Context, log *slog.Logger, retention, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		n, err := ib.Purge(ctx, time.Now().Add(-retention), 1000)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Error("inbox purge failed", slog.String("error", err.Error()))
+		case n > 0:
+			log.Info("inbox purged", slog.Int64("rows", n), slog.Duration("retention", retention))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,241 @@
+// Package web owns what the three binaries share about serving HTTP: strict
+// JSON decoding that names the field at fault, JSON responses, health and
+// readiness endpoints, structured logs and graceful shutdown.
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/outboxref/outboxref/internal/problem"
+)
+
+// MaxBodyBytes bounds every request body; the services accept small JSON
+// objects only.
+const MaxBodyBytes = 16 << 10
+
+// NewLogger returns a JSON logger; level is debug, info, warn or error.
+func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// DecodeJSON reads one JSON object from the body into dst. Unknown fields,
+// trailing data, wrong types and oversized bodies are problems naming the
+// field (or "body" when no field is to blame).
+func DecodeJSON(w http.ResponseWriter, r *http.Request, dst any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			return &problem.Error{
+				Type: problem.TypeValidation, Title: "Unsupported media type",
+				Status: http.StatusUnsupportedMediaType, Detail: "send the body as application/json",
+			}
+		}
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return decodeProblem(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return decodeProblem(err)
+		}
+		return problem.Field("body", "unexpected data after the JSON object")
+	}
+	return nil
+}
+
+func decodeProblem(err error) error {
+	var (
+		syntaxErr *json.SyntaxError
+		typeErr   *json.UnmarshalTypeError
+		maxErr    *http.MaxBytesError
+	)
+	switch {
+	case errors.As(err, &maxErr):
+		return problem.Field("body", fmt.Sprintf("larger than %d bytes", maxErr.Limit))
+	case errors.Is(err, io.EOF):
+		return problem.Field("body", "empty; want a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return problem.Field("body", "malformed JSON: ends too early")
+	case errors.As(err, &syntaxErr):
+		return problem.Field("body", fmt.Sprintf("malformed JSON at byte %d", syntaxErr.Offset))
+	case errors.As(err, &typeErr):
+		if typeErr.Field == "" {
+			return problem.Field("body", "want a JSON object")
+		}
+		return problem.Field(typeErr.Field, "want a "+jsonKind(typeErr.Type.Kind().String()))
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		// encoding/json has no typed error for this case.
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return problem.Field(name, "unknown field")
+	}
+	return problem.Field("body", "malformed JSON")
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string":
+		return "string"
+	case "bool":
+		return "boolean"
+	case "struct", "map":
+		return "object"
+	case "slice", "array":
+		return "array"
+	}
+	return "number"
+}
+
+// WriteJSON sends v with the given status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, "encode response", http.StatusInternalServerError)
+		return
+	}
+	WriteRaw(w, status, b)
+}
+
+// WriteRaw sends an already encoded JSON body; error statuses are sent as
+// problem details.
+func WriteRaw(w http.ResponseWriter, status int, body []byte) {
+	ct := "application/json"
+	if status >= 400 {
+		ct = problem.ContentType
+	}
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// HandlerFunc is an http.HandlerFunc that returns its error instead of
+// writing it, so errors are rendered in one place.
+type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// Handle adapts h, rendering any error it returns with problem.Write.
+func Handle(log *slog.Logger, h HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			problem.Write(w, r, log, err)
+		}
+	}
+}
+
+// Healthz answers 200 while the process is up.
+func Healthz(w http.ResponseWriter, _ *http.Request) {
+	WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// Readyz answers 200 when ping succeeds within two seconds, 503 otherwise.
+func Readyz(log *slog.Logger, ping func(context.Context) error) http.HandlerFunc {
+	return Handle(log, func(w http.ResponseWriter, r *http.Request) error {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := ping(ctx); err != nil {
+			log.WarnContext(ctx, "not ready", slog.String("error", err.Error()))
+			return &problem.Error{Type: problem.TypeUnavailable, Title: "Not ready", Status: http.StatusServiceUnavailable,
+				Detail: "the database is not reachable"}
+		}
+		WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		return nil
+	})
+}
+
+// LogRequests logs each request at debug level and each 5xx at error level.
+func LogRequests(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+			next.ServeHTTP(sw, r)
+			level := slog.LevelDebug
+			if sw.status >= 500 {
+				level = slog.LevelError
+			}
+			log.Log(r.Context(), level, "http request",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path),
+				slog.Int("status", sw.status), slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+		})
+	}
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ListenAndServe listens on addr and serves h until ctx ends (see Serve).
+// The timeouts keep a slow or stuck client from holding a connection open.
+func ListenAndServe(ctx context.Context, log *slog.Logger, addr string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	return Serve(ctx, log, srv, ln, 10*time.Second)
+}
+
+// Serve runs srv on ln until ctx ends, then shuts down gracefully: the
+// listener closes at once and requests in flight get up to grace to finish.
+func Serve(ctx context.Context, log *slog.Logger, srv *http.Server, ln net.Listener, grace time.Duration) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("listening", slog.String("addr", ln.Addr().String()))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve http: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", slog.String("addr", ln.Addr().String()))
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("shutdown http: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve http: %w", err)
+	}
+	return nil
+}
+
+// MigrateArg reads a binary's arguments: none to serve, or "migrate" to
+// apply the migrations and exit.
+func MigrateArg(args []string) (bool, error) {
+	switch {
+	case len(args) == 0:
+		return false, nil
+	case len(args) == 1 && args[0] == "migrate":
+		return true, nil
+	}
+	return false, fmt.Errorf("unknown arguments %q: want none, or \"migrate\"", args)
+}
