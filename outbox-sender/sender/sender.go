@@ -1,0 +1,396 @@
+// Package sender is the outbox sender: it claims due outbox rows in Student's
+// database, delivers each to Users with the row's idempotency key, and
+// records every answer back in Student's database.
+//
+// The work flows through three stages so that no stage waits on another
+// more than it must:
+//
+//	claimer ──rows──▶ workers (SENDER_CONCURRENCY) ──results──▶ completer
+//
+// The claimer takes due rows in batches (FOR UPDATE SKIP LOCKED, with a
+// lease), workers deliver them concurrently, and the completer records the
+// answers in batches: one transaction links every student that got a user
+// and marks its row delivered. Capacity tokens bound the rows in flight, so
+// the sender never claims more than it can deliver within a lease.
+package sender
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/internal/problem"
+	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
+)
+
+// Sender delivers outbox rows. Create it with New and call Run.
+type Sender struct {
+	cfg    Config
+	log    *slog.Logger
+	pool   *pgxpool.Pool
+	q      *outboxdb.Queries
+	client *http.Client
+}
+
+// New returns a Sender on Student's database (pool) delivering to
+// cfg.UsersURL.
+func New(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Sender {
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = cfg.Concurrency
+	return &Sender{
+		cfg: cfg, log: log, pool: pool, q: outboxdb.New(),
+		client: &http.Client{Transport: transport, Timeout: cfg.RequestTimeout},
+	}
+}
+
+type verdict int
+
+const (
+	delivered verdict = iota // Users gave a user id: link the student
+	retry                    // transient failure: try again after a backoff
+	dead                     // permanent failure: dead-letter the row
+	release                  // not sent (shutting down): hand the row back
+)
+
+type result struct {
+	row     outboxdb.ClaimDueRow
+	verdict verdict
+	userID  uuid.UUID
+	err     string
+	delay   time.Duration
+}
+
+// Run delivers rows until ctx ends. Then it stops claiming, hands back the
+// rows it claimed but has not sent, lets requests in flight finish (each is
+// bounded by the request timeout), records their answers and returns.
+func (s *Sender) Run(ctx context.Context) error {
+	capacity := s.cfg.Concurrency + s.cfg.BatchSize
+	tokens := make(chan struct{}, capacity)
+	for range capacity {
+		tokens <- struct{}{}
+	}
+	jobs := make(chan outboxdb.ClaimDueRow, capacity)
+	results := make(chan result, capacity)
+
+	var workers sync.WaitGroup
+	for range s.cfg.Concurrency {
+		workers.Go(func() {
+			for row := range jobs {
+				if ctx.Err() != nil {
+					results <- result{row: row, verdict: release}
+					continue
+				}
+				results <- s.deliver(ctx, row)
+			}
+		})
+	}
+	completed := make(chan struct{})
+	go func() {
+		defer close(completed)
+		s.complete(ctx, results, tokens)
+	}()
+
+	s.claim(ctx, tokens, jobs)
+	close(jobs)
+	workers.Wait()
+	close(results)
+	<-completed
+	s.log.Info("sender stopped")
+	return nil
+}
+
+// claim fills jobs with due rows while capacity tokens are free.
+func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- outboxdb.ClaimDueRow) {
+	for {
+		// Wait for one free slot, then take as many more as are free, up to
+		// a batch: one claim query serves them all.
+		select {
+		case <-ctx.Done():
+			return
+		case <-tokens:
+		}
+		n := 1
+	more:
+		for n < s.cfg.BatchSize {
+			select {
+			case <-tokens:
+				n++
+			default:
+				break more
+			}
+		}
+		rows, err := s.q.ClaimDue(ctx, s.pool, outboxdb.ClaimDueParams{
+			Lease: s.cfg.Lease, ClaimedBy: pgtype.Text{String: s.cfg.ID, Valid: true}, BatchSize: int32(n),
+		})
+		if err != nil && ctx.Err() == nil {
+			s.log.Error("claim outbox rows", slog.String("error", err.Error()))
+		}
+		for _, row := range rows {
+			jobs <- row
+		}
+		for range n - len(rows) {
+			tokens <- struct{}{}
+		}
+		if len(rows) < n {
+			// Nothing more is due (or the database is unreachable): wait
+			// before asking again rather than spinning.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(s.cfg.PollInterval):
+			}
+		}
+	}
+}
+
+// deliver sends one row to Users and judges the answer.
+func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
+	if age := time.Since(row.CreatedAt); age > s.cfg.MaxAge {
+		return result{row: row, verdict: dead, err: fmt.Sprintf("gave up: the operation is %s old, more than SENDER_MAX_AGE=%s", age.Round(time.Second), s.cfg.MaxAge)}
+	}
+	// A shutdown does not cut a request short: an answer Users already
+	// committed is better recorded now than found again by a redelivery.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, strings.TrimRight(s.cfg.UsersURL, "/")+"/users", strings.NewReader(string(row.Payload)))
+	if err != nil {
+		return result{row: row, verdict: dead, err: fmt.Sprintf("build request: %v", err)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", row.IdempotencyKey.String())
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return s.retryOrDie(row, fmt.Sprintf("POST /users: %v", err), 0)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return s.retryOrDie(row, fmt.Sprintf("POST /users: read answer: %v", err), 0)
+	}
+	return s.judge(row, resp, body)
+}
+
+// judge classifies Users' answer. Only an answer that cannot change on a
+// retry is permanent: a 2xx with a user id, or a 4xx about the request
+// itself. Everything else (no answer, 5xx, 408, 429, a key still in
+// progress) is retried.
+func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byte) result {
+	code := resp.StatusCode
+	switch {
+	case code >= 200 && code < 300:
+		var created struct {
+			UserID uuid.UUID `json:"userId"`
+		}
+		if err := json.Unmarshal(body, &created); err != nil || created.UserID == uuid.Nil {
+			return result{row: row, verdict: dead, err: fmt.Sprintf("Users answered %d without a userId", code)}
+		}
+		return result{row: row, verdict: delivered, userID: created.UserID}
+	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests, code >= 500:
+		return s.retryOrDie(row, "Users answered "+describe(code, body), retryAfter(resp))
+	}
+	var p problem.Error
+	_ = json.Unmarshal(body, &p)
+	if code == http.StatusConflict && p.Type == problem.TypeIdempotencyBusy {
+		return s.retryOrDie(row, "Users answered "+describe(code, body), retryAfter(resp))
+	}
+	return result{row: row, verdict: dead, err: "Users answered " + describe(code, body)}
+}
+
+// describe is "409 Document number already in use" for a problem answer,
+// "502 Bad Gateway" otherwise.
+func describe(code int, body []byte) string {
+	var p problem.Error
+	if json.Unmarshal(body, &p) == nil && p.Title != "" {
+		return fmt.Sprintf("%d %s", code, p.Title)
+	}
+	return fmt.Sprintf("%d %s", code, http.StatusText(code))
+}
+
+func retryAfter(resp *http.Response) time.Duration {
+	secs, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || secs < 0 {
+		return 0
+	}
+	return time.Duration(secs) * time.Second
+}
+
+// retryOrDie schedules another attempt with exponential backoff and jitter,
+// or dead-letters the row once its attempts are used up.
+func (s *Sender) retryOrDie(row outboxdb.ClaimDueRow, why string, atLeast time.Duration) result {
+	if int(row.Attempts) >= s.cfg.MaxAttempts {
+		return result{row: row, verdict: dead, err: fmt.Sprintf("gave up after %d attempts; last error: %s", row.Attempts, why)}
+	}
+	return result{row: row, verdict: retry, err: why, delay: max(s.backoff(int(row.Attempts)), atLeast)}
+}
+
+// backoff doubles from BackoffMin with each attempt up to BackoffMax, then
+// keeps a random half of it ("equal jitter"): senders that failed together
+// spread out instead of retrying in lockstep.
+func (s *Sender) backoff(attempt int) time.Duration {
+	d := s.cfg.BackoffMax
+	if attempt < 40 {
+		d = min(s.cfg.BackoffMax, s.cfg.BackoffMin<<max(attempt-1, 0))
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// complete records results in batches until results is closed. A batch is
+// whatever has arrived by the time the previous write finished, up to
+// SENDER_BATCH_SIZE, so a busy sender writes large batches and an idle one
+// writes at once.
+func (s *Sender) complete(ctx context.Context, results <-chan result, tokens chan<- struct{}) {
+	batch := make([]result, 0, s.cfg.BatchSize)
+	for r := range results {
+		batch = append(batch[:0], r)
+	fill:
+		for len(batch) < s.cfg.BatchSize {
+			select {
+			case r, ok := <-results:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		s.record(ctx, batch)
+		for range batch {
+			tokens <- struct{}{}
+		}
+	}
+}
+
+// record writes a batch of results, retrying while Student's database is
+// unreachable. If it still cannot, the rows stay pending and their leases
+// run out, so they are delivered again and Users replays the same answers:
+// nothing is lost, at the price of a redelivery.
+func (s *Sender) record(ctx context.Context, batch []result) {
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		// Recording must outlive a shutdown request: these answers are
+		// already committed in Users.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := s.write(wctx, batch)
+		cancel()
+		if err == nil {
+			return
+		}
+		s.log.Error("record delivery results", slog.Int("rows", len(batch)), slog.Int("attempt", attempt), slog.String("error", err.Error()))
+		if attempt == 5 || ctx.Err() != nil {
+			s.log.Warn("leaving rows to their leases", slog.Int("rows", len(batch)))
+			return
+		}
+		time.Sleep(wait)
+		wait *= 2
+	}
+}
+
+// write records one batch in one transaction.
+func (s *Sender) write(ctx context.Context, batch []result) error {
+	var (
+		linkStudents, linkUsers []uuid.UUID
+		linkRows                = map[uuid.UUID]outboxdb.ClaimDueRow{}
+		retries                 outboxdb.ScheduleRetriesParams
+		deaths                  outboxdb.MarkDeadParams
+		releases                outboxdb.ReleaseParams
+	)
+	for _, r := range batch {
+		switch r.verdict {
+		case delivered:
+			linkStudents = append(linkStudents, r.row.StudentID)
+			linkUsers = append(linkUsers, r.userID)
+			linkRows[r.row.StudentID] = r.row
+		case retry:
+			retries.Ids = append(retries.Ids, r.row.ID)
+			retries.LeaseTokens = append(retries.LeaseTokens, r.row.LeaseToken)
+			retries.Delays = append(retries.Delays, r.delay)
+			retries.Errors = append(retries.Errors, r.err)
+		case dead:
+			deaths.Ids = append(deaths.Ids, r.row.ID)
+			deaths.LeaseTokens = append(deaths.LeaseTokens, r.row.LeaseToken)
+			deaths.Errors = append(deaths.Errors, r.err)
+			s.log.Warn("outbox row dead-lettered", slog.Int64("outbox_id", r.row.ID),
+				slog.String("student_id", r.row.StudentID.String()), slog.String("error", r.err))
+		case release:
+			releases.Ids = append(releases.Ids, r.row.ID)
+			releases.LeaseTokens = append(releases.LeaseTokens, r.row.LeaseToken)
+		}
+	}
+	if len(linkStudents) > 0 {
+		s.cfg.Crash.Hit(CrashAfterResponse)
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if len(linkStudents) > 0 {
+			if err := s.link(ctx, tx, linkStudents, linkUsers, linkRows); err != nil {
+				return err
+			}
+		}
+		if len(retries.Ids) > 0 {
+			if _, err := s.q.ScheduleRetries(ctx, tx, retries); err != nil {
+				return fmt.Errorf("schedule retries: %w", err)
+			}
+		}
+		if len(deaths.Ids) > 0 {
+			if _, err := s.q.MarkDead(ctx, tx, deaths); err != nil {
+				return fmt.Errorf("dead-letter rows: %w", err)
+			}
+		}
+		if len(releases.Ids) > 0 {
+			if _, err := s.q.Release(ctx, tx, releases); err != nil {
+				return fmt.Errorf("release rows: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// link records user ids on their students and marks those rows delivered.
+// A student already linked to a different user is never overwritten: its
+// row is dead-lettered with the reason and logged for someone to look at.
+func (s *Sender) link(ctx context.Context, tx pgx.Tx, students, users []uuid.UUID, rows map[uuid.UUID]outboxdb.ClaimDueRow) error {
+	linked, err := s.q.LinkStudents(ctx, tx, outboxdb.LinkStudentsParams{StudentIds: students, UserIds: users})
+	if err != nil {
+		return fmt.Errorf("link students: %w", err)
+	}
+	ids := make([]int64, 0, len(linked))
+	for _, id := range linked {
+		ids = append(ids, rows[id].ID)
+		delete(rows, id)
+	}
+	if _, err := s.q.MarkDelivered(ctx, tx, ids); err != nil {
+		return fmt.Errorf("mark delivered: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	var conflicts outboxdb.MarkDeadUnleasedParams
+	for i, sid := range students {
+		row, ok := rows[sid]
+		if !ok {
+			continue
+		}
+		why := fmt.Sprintf("student is already linked to a different user; Users answered %s", users[i])
+		s.log.Error("student linked to a different user", slog.String("student_id", sid.String()),
+			slog.String("answered_user_id", users[i].String()), slog.Int64("outbox_id", row.ID))
+		conflicts.Ids = append(conflicts.Ids, row.ID)
+		conflicts.Errors = append(conflicts.Errors, why)
+	}
+	if _, err := s.q.MarkDeadUnleased(ctx, tx, conflicts); err != nil {
+		return fmt.Errorf("dead-letter conflicting rows: %w", err)
+	}
+	return nil
+}

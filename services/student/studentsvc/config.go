@@ -1,0 +1,34 @@
+package studentsvc
+
+import (
+	"time"
+
+	"github.com/outboxref/outboxref/internal/envconfig"
+)
+
+// Config is Student's configuration; the README's table lists each variable.
+type Config struct {
+	HTTPAddr    string        // STUDENT_HTTP_ADDR
+	DatabaseURL string        // STUDENT_DATABASE_URL
+	LogLevel    string        // LOG_LEVEL
+	KeyWait     time.Duration // STUDENT_IDEMPOTENCY_WAIT
+	// Client keys are kept long enough for a client's own retries, which
+	// end within minutes; a day is generous and keeps the table small.
+	InboxRetention time.Duration // STUDENT_INBOX_RETENTION
+	PurgeInterval  time.Duration // STUDENT_INBOX_PURGE_INTERVAL
+}
+
+// LoadConfig reads Config through getenv. The Reader it returns lists the
+// variables read, for the test that checks docker-compose.yml.
+func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
+	e := envconfig.New(getenv)
+	c := Config{
+		HTTPAddr:       e.String("STUDENT_HTTP_ADDR", ":8080"),
+		DatabaseURL:    e.URL("STUDENT_DATABASE_URL", "postgres://postgres@localhost:5432/student?sslmode=disable", "postgres", "postgresql"),
+		LogLevel:       e.String("LOG_LEVEL", "info"),
+		KeyWait:        e.Duration("STUDENT_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, time.Minute),
+		InboxRetention: e.Duration("STUDENT_INBOX_RETENTION", 24*time.Hour, time.Minute, 10*365*24*time.Hour),
+		PurgeInterval:  e.Duration("STUDENT_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
+	}
+	return c, e, e.Err()
+}
