@@ -1,0 +1,654 @@
+// Package pgcluster owns throwaway PostgreSQL clusters for tests and the
+// end-to-end suite: it initialises a private data directory, runs a
+// postmaster on a loopback port with durability switched off for speed, and
+// removes every trace of it again. Nothing here touches a server it did not
+// start.
+package pgcluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// serverBinaries are the programs a cluster needs; a directory only counts
+// if it has all of them, because pg_ctl finds postgres next to itself.
+var serverBinaries = []string{"initdb", "pg_ctl", "postgres"}
+
+// FindBinDir returns the directory holding initdb, pg_ctl and postgres. PATH
+// wins so a developer can point at a build of their choice; otherwise the
+// newest Debian/Ubuntu install is used, since those packages keep the server
+// binaries off PATH.
+func FindBinDir() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		// Resolve symlinks first: PATH often holds a farm of links (as
+		// /usr/local/bin does here), and the real directory is the one
+		// that certainly has the matching pg_ctl and postgres.
+		candidates := []string{}
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			candidates = append(candidates, filepath.Dir(real))
+		}
+		candidates = append(candidates, filepath.Dir(p))
+		for _, dir := range candidates {
+			if abs, err := filepath.Abs(dir); err == nil && hasServerBinaries(abs) {
+				return abs, nil
+			}
+		}
+	}
+
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	type versioned struct {
+		dir     string
+		version []int
+	}
+	var found []versioned
+	for _, m := range matches {
+		v, ok := parseVersion(filepath.Base(filepath.Dir(m)))
+		if ok && hasServerBinaries(m) {
+			found = append(found, versioned{m, v})
+		}
+	}
+	if len(found) > 0 {
+		// A plain string sort would put 9.6 above 15.
+		slices.SortFunc(found, func(a, b versioned) int { return slices.Compare(b.version, a.version) })
+		return found[0].dir, nil
+	}
+	return "", errors.New("no PostgreSQL server binaries found (looked for initdb on PATH and in /usr/lib/postgresql/*/bin): " +
+		"install them (Debian/Ubuntu: apt-get install postgresql-15) or set TEST_DATABASE_URL to a server you own")
+}
+
+func hasServerBinaries(dir string) bool {
+	for _, name := range serverBinaries {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// parseVersion turns "15" or "9.6" into comparable numbers and rejects
+// anything else that happens to live under /usr/lib/postgresql.
+func parseVersion(s string) ([]int, bool) {
+	var v []int
+	for _, part := range strings.Split(s, ".") {
+		n, err := strconv.Atoi(part)
+		if err != nil || n < 0 {
+			return nil, false
+		}
+		v = append(v, n)
+	}
+	return v, true
+}
+
+// Options configures Start. The zero value is ready to use.
+type Options struct {
+	// Dir is where the cluster's own directory is created. Empty means
+	// the system temporary directory. Start always makes a fresh
+	// subdirectory so that Cleanup only ever removes what it created.
+	Dir string
+	// Port is the TCP port on 127.0.0.1. Zero picks a free one.
+	Port int
+	// Log, if set, receives the output of initdb and pg_ctl. The server's
+	// own log always goes to LogPath.
+	Log io.Writer
+	// BinDir overrides FindBinDir, so a caller that already found the
+	// binaries starts exactly those.
+	BinDir string
+}
+
+// Cluster is one running (or stopped) throwaway server. Its methods are safe
+// for concurrent use.
+type Cluster struct {
+	binDir  string
+	dir     string // the directory Start created; everything lives below it
+	dataDir string
+	logPath string
+	port    int
+	log     io.Writer
+	env     []string
+	cred    *syscall.Credential // nil unless we must drop root
+
+	mu      sync.Mutex
+	running bool
+	removed bool
+}
+
+// URL is a connection string for the cluster's postgres database.
+func (c *Cluster) URL() string { return c.databaseURL("postgres") }
+
+// Port is the TCP port the server listens on at 127.0.0.1.
+func (c *Cluster) Port() int { return c.port }
+
+// DataDir is the cluster's PGDATA.
+func (c *Cluster) DataDir() string { return c.dataDir }
+
+// LogPath is the server log, worth reading when a test sees odd behaviour.
+func (c *Cluster) LogPath() string { return c.logPath }
+
+func (c *Cluster) databaseURL(name string) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.User("postgres"),
+		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)),
+		Path:     "/" + name,
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
+}
+
+// Start creates and starts a new cluster. On failure nothing is left behind:
+// no directory and no server process.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	binDir := opts.BinDir
+	if binDir == "" {
+		var err error
+		if binDir, err = FindBinDir(); err != nil {
+			return nil, err
+		}
+	}
+
+	dir, err := os.MkdirTemp(opts.Dir, "pgcluster-")
+	if err != nil {
+		return nil, fmt.Errorf("create cluster dir: %w", err)
+	}
+	c := &Cluster{
+		binDir:  binDir,
+		dir:     dir,
+		dataDir: filepath.Join(dir, "data"),
+		logPath: filepath.Join(dir, "postgres.log"),
+		port:    opts.Port,
+		log:     opts.Log,
+	}
+	if err := c.setup(ctx); err != nil {
+		c.abandon()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) setup(ctx context.Context) error {
+	// MkdirTemp makes the directory 0700; when we hand the cluster to an
+	// unprivileged user it must at least be able to enter it.
+	if err := os.Chmod(c.dir, 0o755); err != nil {
+		return fmt.Errorf("chmod cluster dir: %w", err)
+	}
+	if os.Geteuid() == 0 {
+		cred, err := unprivilegedCredential()
+		if err != nil {
+			return err
+		}
+		c.cred = cred
+		if err := chownTree(c.dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fmt.Errorf("chown cluster dir: %w", err)
+		}
+	}
+	c.env = childEnv(c.binDir, c.dir)
+
+	out, err := c.run(ctx, "initdb", "-D", c.dataDir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync")
+	if err != nil {
+		err = fmt.Errorf("initdb: %w%s", err, indent(out))
+		if hint := c.accessHint(); hint != "" {
+			err = fmt.Errorf("%w\n%s", err, hint)
+		}
+		return err
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.port != 0 {
+		return c.startLocked(ctx)
+	}
+	// The free port we pick can be taken by someone else before the
+	// postmaster binds it, which parallel tests make likely enough to be
+	// worth a couple of retries.
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		c.port = port
+		err = c.startLocked(ctx)
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "could not bind") {
+			return err
+		}
+	}
+}
+
+// unprivilegedCredential picks who runs the server when we are root: initdb
+// and postgres refuse to run as root, because a compromised server would own
+// the machine.
+func unprivilegedCredential() (*syscall.Credential, error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		if u, err = user.Lookup("nobody"); err != nil {
+			return nil, fmt.Errorf("running as root and found neither a postgres nor a nobody user to run the server as: %w", err)
+		}
+	}
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("user %s: bad uid %q", u.Username, u.Uid)
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("user %s: bad gid %q", u.Username, u.Gid)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func chownTree(root string, uid, gid int) error {
+	return filepath.WalkDir(root, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, gid)
+	})
+}
+
+// childEnv is deliberately minimal: inherited PG* variables (PGPORT, PGDATA,
+// PGHOST...) would silently steer pg_ctl towards some other server, and the
+// unprivileged user cannot use root's HOME.
+func childEnv(binDir, home string) []string {
+	lang := "C"
+	// C.UTF-8 gives sensible character classification for UTF8 data, but
+	// initdb fails outright on a locale the system lacks, so fall back to C.
+	if _, err := os.Stat("/usr/lib/locale/C.utf8"); err == nil {
+		lang = "C.UTF-8"
+	}
+	return []string{
+		"PATH=" + binDir + ":/usr/local/bin:/usr/bin:/bin",
+		"LANG=" + lang,
+		"LC_ALL=" + lang,
+		"HOME=" + home,
+	}
+}
+
+// accessHint explains the commonest initdb failure when running as root: a
+// Dir under a private directory such as /root, which the server's user
+// cannot enter. It only looks at plain permission bits, so it is a hint and
+// not a verdict.
+func (c *Cluster) accessHint() string {
+	if c.cred == nil {
+		return ""
+	}
+	for d := filepath.Dir(c.dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err == nil {
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			if ok {
+				perm := fi.Mode().Perm()
+				var canEnter bool
+				switch {
+				case st.Uid == c.cred.Uid:
+					canEnter = perm&0o100 != 0
+				case st.Gid == c.cred.Gid:
+					canEnter = perm&0o010 != 0
+				default:
+					canEnter = perm&0o001 != 0
+				}
+				if !canEnter {
+					return fmt.Sprintf("hint: uid %d, which runs the server because we are root, probably cannot enter %s; use a Dir it can reach, such as one under /tmp", c.cred.Uid, d)
+				}
+			}
+		}
+		if d == filepath.Dir(d) {
+			return ""
+		}
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pick free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// run runs one of the server binaries as the cluster's user and returns its
+// combined output, which is also copied to Options.Log.
+func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	var out bytes.Buffer
+	w := io.Writer(&out)
+	if c.log != nil {
+		w = io.MultiWriter(&out, c.log)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, name), args...)
+	cmd.Env = c.env
+	// The caller's working directory may be one the server's user cannot
+	// enter, and initdb and pg_ctl both want a usable one.
+	cmd.Dir = c.dir
+	cmd.Stdout = w
+	cmd.Stderr = w
+	// The postmaster that pg_ctl leaves behind should not hold our pipes
+	// (pg_ctl redirects it to the log), but never hang on it if it does.
+	cmd.WaitDelay = 5 * time.Second
+	if c.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	}
+	err := cmd.Run()
+	return out.Bytes(), err
+}
+
+// startLocked runs pg_ctl start and waits until the server accepts
+// connections. Callers hold c.mu.
+func (c *Cluster) startLocked(ctx context.Context) error {
+	// pg_ctl hands -o to /bin/sh, so the socket directory must be quoted.
+	serverOpts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s "+
+		"-c fsync=off -c synchronous_commit=off -c full_page_writes=off "+
+		"-c max_connections=300 -c shared_buffers=128MB",
+		c.port, shellQuote(c.dir))
+	out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "-l", c.logPath, "-w", "-t", "60", "-o", serverOpts, "start")
+	if err != nil {
+		err = fmt.Errorf("pg_ctl start on port %d: %w%s%s", c.port, err, indent(out), c.logTail())
+		// A timeout or a cancelled context can leave a postmaster
+		// running that we would otherwise never hear of again.
+		c.forceStopLocked()
+		return err
+	}
+	c.running = true
+	return nil
+}
+
+// Stop shuts the server down, ending client sessions (fast mode). Stopping a
+// stopped cluster does nothing.
+func (c *Cluster) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stopLocked(ctx)
+}
+
+func (c *Cluster) stopLocked(ctx context.Context) error {
+	if !c.running {
+		return nil
+	}
+	out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "-m", "fast", "-w", "-t", "60", "stop")
+	if err != nil {
+		if pid, perr := c.postmasterPID(); perr == nil && alive(pid) {
+			return fmt.Errorf("pg_ctl stop: %w%s%s", err, indent(out), c.logTail())
+		}
+		// The server died some other way (a crash, or Kill racing us);
+		// what matters to the caller is that it is not running.
+	}
+	c.running = false
+	return nil
+}
+
+// Restart stops the server and starts it again on the same port with the same
+// settings, which is how tests simulate a database restart. It also brings a
+// cluster back after Kill, going through crash recovery.
+func (c *Cluster) Restart(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.removed {
+		return errors.New("restart: cluster already cleaned up")
+	}
+	if err := c.stopLocked(ctx); err != nil {
+		return err
+	}
+	return c.startLocked(ctx)
+}
+
+// Kill sends SIGKILL to the postmaster, the closest thing to pulling the
+// plug, and waits until it and its child processes are gone so that a
+// following Restart does not find their shared memory still attached.
+func (c *Cluster) Kill() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pid, err := c.postmasterPID()
+	if err != nil {
+		return fmt.Errorf("kill: %w", err)
+	}
+	if !alive(pid) {
+		c.running = false
+		return fmt.Errorf("kill: postmaster %d is not running", pid)
+	}
+	err = c.killLocked(pid)
+	c.running = false
+	return err
+}
+
+func (c *Cluster) killLocked(pid int) error {
+	// Note the children before the kill: once the postmaster is gone they
+	// are reparented and we could no longer tell them from anyone else's.
+	procs := append(childrenOf(pid), pid)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill postmaster %d: %w", pid, err)
+	}
+	// Children notice the postmaster's death and exit on their own within
+	// milliseconds; one stuck in a system call gets SIGKILL too.
+	if !waitGone(procs, 10*time.Second) {
+		for _, p := range procs {
+			if alive(p) {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		if !waitGone(procs, 10*time.Second) {
+			return fmt.Errorf("kill: server processes of postmaster %d still running", pid)
+		}
+	}
+	c.removeLockFiles(pid)
+	return nil
+}
+
+// removeLockFiles deletes the lock files a killed postmaster leaves behind.
+// The next postmaster would normally see that their PID is dead and take
+// over, but where init does not reap orphans the dead postmaster lingers as
+// a zombie, which still counts as alive to kill(pid, 0), and the restart
+// would refuse with "lock file already exists". Only call this once the
+// processes are known to be gone.
+func (c *Cluster) removeLockFiles(pid int) {
+	for _, f := range []string{
+		filepath.Join(c.dataDir, "postmaster.pid"),
+		filepath.Join(c.dir, fmt.Sprintf(".s.PGSQL.%d.lock", c.port)),
+	} {
+		if got, err := lockFilePID(f); err == nil && got == pid {
+			_ = os.Remove(f)
+		}
+	}
+}
+
+// forceStopLocked is the last resort used on error paths: it must not leave
+// a server running, whatever state things are in.
+func (c *Cluster) forceStopLocked() {
+	pid, err := c.postmasterPID()
+	if err != nil || !alive(pid) {
+		c.running = false
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _ = c.run(ctx, "pg_ctl", "-D", c.dataDir, "-m", "immediate", "-w", "-t", "20", "stop")
+	if alive(pid) {
+		_ = c.killLocked(pid)
+	}
+	c.running = false
+}
+
+// Cleanup stops the server if it runs and removes the directory Start made.
+// It is safe to call more than once, so it can sit in both a defer and a
+// t.Cleanup.
+func (c *Cluster) Cleanup(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.removed {
+		return nil
+	}
+	var errs []error
+	if err := c.stopLocked(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	// Whether or not the polite stop worked, removing the data directory
+	// under a live postmaster would leave an orphan, so make sure.
+	c.forceStopLocked()
+	if err := os.RemoveAll(c.dir); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", c.dir, err))
+	}
+	c.removed = true
+	return errors.Join(errs...)
+}
+
+// abandon undoes a failed Start.
+func (c *Cluster) abandon() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forceStopLocked()
+	_ = os.RemoveAll(c.dir)
+	c.removed = true
+}
+
+// CreateDatabase creates a database and returns its URL. Tests use it to get
+// a clean database each without paying for a cluster each.
+func (c *Cluster) CreateDatabase(ctx context.Context, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		return "", fmt.Errorf("create database %q: connect: %w", name, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", fmt.Errorf("create database %q: %w", name, err)
+	}
+	return c.databaseURL(name), nil
+}
+
+func (c *Cluster) postmasterPID() (int, error) {
+	return lockFilePID(filepath.Join(c.dataDir, "postmaster.pid"))
+}
+
+// lockFilePID reads the PID on the first line of a PostgreSQL lock file.
+func lockFilePID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read lock file: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("%s: bad pid %q", filepath.Base(path), first)
+	}
+	return pid, nil
+}
+
+// alive reports whether pid is a running process. A zombie counts as gone:
+// pg_ctl daemonises the postmaster, so its parent is init, and an init that
+// does not reap (as in some containers) leaves it a zombie forever.
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return false
+		}
+		// No usable /proc: fall back to asking the kernel.
+		return syscall.Kill(pid, 0) == nil
+	}
+	state, _, ok := procStat(b)
+	return ok && state != "Z" && state != "X"
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var kids []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		if _, ppid, ok := procStat(b); ok && ppid == pid {
+			kids = append(kids, p)
+		}
+	}
+	return kids
+}
+
+// procStat parses state and parent pid out of /proc/PID/stat. The command
+// name is in parentheses and may itself contain spaces and parentheses,
+// hence the search for the last one.
+func procStat(b []byte) (state string, ppid int, ok bool) {
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return "", 0, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return "", 0, false
+	}
+	return f[0], ppid, true
+}
+
+func waitGone(pids []int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		gone := true
+		for _, p := range pids {
+			if alive(p) {
+				gone = false
+				break
+			}
+		}
+		if gone {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// logTail returns the end of the server log, formatted for an error message:
+// pg_ctl itself only says that the server failed, the log says why.
+func (c *Cluster) logTail() string {
+	b, err := os.ReadFile(c.logPath)
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return "\nserver log " + c.logPath + " ends with:" + indent([]byte(strings.Join(lines, "\n")))
+}
+
+// indent formats command output for inclusion in an error message.
+func indent(out []byte) string {
+	s := strings.TrimRight(string(out), "\n")
+	if strings.TrimSpace(s) == "" {
+		return ""
+	}
+	return "\n\t" + strings.ReplaceAll(s, "\n", "\n\t")
+}
+
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
