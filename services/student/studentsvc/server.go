@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -204,8 +205,17 @@ func (s *Server) getStudent(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listStudents(w http.ResponseWriter, r *http.Request) error {
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return problem.Field("query", "malformed query string")
+	}
+	for name := range query {
+		if name != "limit" && name != "cursor" {
+			return problem.Field(name, "unknown parameter; want limit or cursor")
+		}
+	}
 	limit := DefaultPageSize
-	if v := r.URL.Query().Get("limit"); v != "" {
+	if v := query.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > MaxPageSize {
 			return problem.Field("limit", fmt.Sprintf("must be a whole number from 1 to %d", MaxPageSize))
@@ -213,7 +223,7 @@ func (s *Server) listStudents(w http.ResponseWriter, r *http.Request) error {
 		limit = n
 	}
 	after := cursor{}
-	if v := r.URL.Query().Get("cursor"); v != "" {
+	if v := query.Get("cursor"); v != "" {
 		c, err := parseCursor(v)
 		if err != nil {
 			return problem.Field("cursor", "not a cursor returned by this API")

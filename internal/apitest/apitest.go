@@ -1,0 +1,96 @@
+// Package apitest owns the small HTTP client the services' tests use to
+// call an API and read its answer.
+package apitest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// Response is an answer read in full.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// JSON decodes the body into v, failing the test if it is not JSON.
+func (r Response) JSON(t testing.TB, v any) {
+	t.Helper()
+	require.NoError(t, json.Unmarshal(r.Body, v), "body: %s", r.Body)
+}
+
+// Problem is the decoded form of a problem+json body.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Errors []struct {
+		Field  string `json:"field"`
+		Detail string `json:"detail"`
+	} `json:"errors"`
+}
+
+// Fields lists the fields the problem names.
+func (p Problem) Fields() []string {
+	var out []string
+	for _, e := range p.Errors {
+		out = append(out, e.Field)
+	}
+	return out
+}
+
+// Problem decodes a problem+json answer, checking its media type and that
+// its status member matches the response status.
+func (r Response) Problem(t testing.TB) Problem {
+	t.Helper()
+	require.Equal(t, "application/problem+json", r.Header.Get("Content-Type"), "body: %s", r.Body)
+	var p Problem
+	r.JSON(t, &p)
+	require.Equal(t, r.Status, p.Status)
+	return p
+}
+
+// Do sends a request with an optional JSON body and extra headers (name,
+// value pairs). It fails the test on a transport error; it is bounded by
+// ten seconds.
+func Do(t testing.TB, method, url, body string, headers ...string) Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var rd io.Reader
+	if body != "" {
+		rd = bytes.NewBufferString(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	require.NoError(t, err)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return Response{Status: resp.StatusCode, Header: resp.Header, Body: b}
+}
+
+// Count runs a count(*) style query and returns the number.
+func Count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n), sql)
+	return n
+}

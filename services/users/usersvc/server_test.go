@@ -1,0 +1,327 @@
+package usersvc
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/apitest"
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/pgtest"
+	"github.com/outboxref/outboxref/internal/problem"
+)
+
+type env struct {
+	url  string
+	pool *pgxpool.Pool
+	srv  *Server
+}
+
+func newEnv(t *testing.T, cfg Config) env {
+	t.Helper()
+	pool := pgtest.Pool(t, migrations.Users)
+	if cfg.KeyWait == 0 {
+		cfg.KeyWait = 5 * time.Second
+	}
+	s := NewServer(slog.New(slog.NewJSONHandler(io.Discard, nil)), pool, cfg)
+	ts := httptest.NewServer(s.Routes())
+	t.Cleanup(ts.Close)
+	return env{url: ts.URL, pool: pool, srv: s}
+}
+
+func (e env) create(t *testing.T, key, body string) apitest.Response {
+	t.Helper()
+	if key == "" {
+		return apitest.Do(t, http.MethodPost, e.url+"/users", body)
+	}
+	return apitest.Do(t, http.MethodPost, e.url+"/users", body, "Idempotency-Key", key)
+}
+
+func (e env) count(t *testing.T, table string) int {
+	t.Helper()
+	return apitest.Count(t, e.pool, "SELECT count(*) FROM "+table)
+}
+
+func body(name, email, doc string) string {
+	return fmt.Sprintf(`{"name":%q,"email":%q,"document_number":%q}`, name, email, doc)
+}
+
+var ada = body("Ada Lovelace", "ada@example.com", "111-1")
+
+func TestCreateUserThenReplay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+
+	first := e.create(t, "key-1", ada)
+	require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
+	require.Empty(t, first.Header.Get(inbox.ReplayedHeader), "a first answer is not a replay")
+	var created CreatedUser
+	first.JSON(t, &created)
+	require.NotEqual(t, uuid.Nil, created.UserID)
+	require.Equal(t, "created", created.Status)
+	require.Equal(t, "/users/"+created.UserID.String(), first.Header.Get("Location"))
+
+	again := e.create(t, "key-1", ada)
+	require.Equal(t, http.StatusCreated, again.Status)
+	require.Equal(t, "true", again.Header.Get(inbox.ReplayedHeader))
+	require.Equal(t, string(first.Body), string(again.Body), "a replay returns the stored body")
+	require.Equal(t, first.Header.Get("Location"), again.Header.Get("Location"))
+
+	require.Equal(t, 1, e.count(t, "users"))
+	require.Equal(t, 1, e.count(t, "inbox"))
+	require.Equal(t, 1, apitest.Count(t, e.pool, "SELECT replays FROM inbox WHERE idempotency_key = 'key-1'"))
+	require.Equal(t, 1, apitest.Count(t, e.pool, "SELECT count(*) FROM inbox WHERE resource_id = $1", created.UserID))
+
+	got := apitest.Do(t, http.MethodGet, e.url+"/users/"+created.UserID.String(), "")
+	require.Equal(t, http.StatusOK, got.Status)
+	var u User
+	got.JSON(t, &u)
+	require.Equal(t, User{ID: created.UserID, Name: "Ada Lovelace", Email: "ada@example.com", DocumentNumber: "111-1", Enabled: true, CreatedAt: u.CreatedAt}, u)
+}
+
+func TestQuotedAndBareKeyAreTheSameKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	first := e.create(t, `"k-42"`, ada)
+	require.Equal(t, http.StatusCreated, first.Status)
+	again := e.create(t, "k-42", ada)
+	require.Equal(t, "true", again.Header.Get(inbox.ReplayedHeader))
+	require.Equal(t, string(first.Body), string(again.Body))
+	require.Equal(t, 1, e.count(t, "users"))
+}
+
+func TestCreateUserRejectsBadInputAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	tests := []struct {
+		name, key, body string
+		status          int
+		field           string
+	}{
+		{name: "missing key", body: ada, status: 400, field: "Idempotency-Key"},
+		{name: "malformed key", key: "two words", body: ada, status: 400, field: "Idempotency-Key"},
+		{name: "unterminated quoted key", key: `"abc`, body: ada, status: 400, field: "Idempotency-Key"},
+		{name: "key too long", key: strings.Repeat("k", 256), body: ada, status: 400, field: "Idempotency-Key"},
+		{name: "malformed JSON", key: "bad-1", body: `{"name":`, status: 400, field: "body"},
+		{name: "unknown field", key: "bad-2", body: `{"name":"A","email":"a@b.co","document_number":"123","role":"admin"}`, status: 400, field: "role"},
+		{name: "missing field", key: "bad-3", body: `{"name":"A","email":"a@b.co"}`, status: 400, field: "document_number"},
+		{name: "bad email", key: "bad-4", body: body("A", "nope", "123"), status: 400, field: "email"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := e.create(t, tt.key, tt.body)
+			require.Equal(t, tt.status, res.Status, "%s", res.Body)
+			p := res.Problem(t)
+			require.Equal(t, problem.TypeValidation, p.Type)
+			require.Contains(t, p.Fields(), tt.field)
+		})
+	}
+	require.Equal(t, 0, e.count(t, "users"))
+	require.Equal(t, 0, e.count(t, "inbox"), "a rejected request must not consume its key")
+
+	// The key of a rejected request is still free for a valid one.
+	require.Equal(t, http.StatusCreated, e.create(t, "bad-4", ada).Status)
+}
+
+func TestKeyReusedWithDifferentPayload(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	first := e.create(t, "key-1", ada)
+	require.Equal(t, http.StatusCreated, first.Status)
+
+	res := e.create(t, "key-1", body("Ada King", "ada@example.com", "222-2"))
+	require.Equal(t, http.StatusUnprocessableEntity, res.Status)
+	p := res.Problem(t)
+	require.Equal(t, problem.TypeIdempotencyMismatch, p.Type)
+	require.Equal(t, []string{"document_number", "name"}, p.Fields())
+	require.NotContains(t, string(res.Body), "Ada King", "values are never echoed")
+	require.NotContains(t, string(res.Body), "Ada Lovelace")
+
+	require.Equal(t, 1, e.count(t, "users"))
+	require.Equal(t, 0, apitest.Count(t, e.pool, "SELECT replays FROM inbox"), "a mismatch is not a replay")
+	// The original is intact: a true repeat still replays it.
+	again := e.create(t, "key-1", ada)
+	require.Equal(t, string(first.Body), string(again.Body))
+}
+
+func TestSamePayloadDifferentKeyIsADifferentOperation(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	require.Equal(t, http.StatusCreated, e.create(t, "key-a", ada).Status)
+
+	// The inbox does not merge keys whose payloads look alike; the business
+	// rule decides, and its refusal is stored under the second key.
+	taken := e.create(t, "key-b", ada)
+	require.Equal(t, http.StatusConflict, taken.Status)
+	require.Empty(t, taken.Header.Get(inbox.ReplayedHeader))
+	p := taken.Problem(t)
+	require.Equal(t, problem.TypeDocumentTaken, p.Type)
+	require.Equal(t, []string{"document_number"}, p.Fields())
+
+	replay := e.create(t, "key-b", ada)
+	require.Equal(t, http.StatusConflict, replay.Status)
+	require.Equal(t, "true", replay.Header.Get(inbox.ReplayedHeader))
+	require.Equal(t, string(taken.Body), string(replay.Body))
+
+	require.Equal(t, 1, e.count(t, "users"))
+	require.Equal(t, 2, e.count(t, "inbox"))
+	require.Equal(t, 1, apitest.Count(t, e.pool, "SELECT count(*) FROM inbox WHERE resource_id IS NULL AND status_code = 409"))
+
+	// A disabled user frees the document number for a new operation.
+	_, err := e.pool.Exec(context.Background(), "UPDATE users SET enabled = false")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, e.create(t, "key-c", ada).Status)
+	require.Equal(t, 2, e.count(t, "users"))
+}
+
+// TestConcurrentSameKey: a hundred simultaneous requests with one key create
+// one user, and every one of them gets that user's id back.
+func TestConcurrentSameKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	const n = 100
+	var (
+		wg      sync.WaitGroup
+		results = make([]apitest.Response, n)
+		start   = make(chan struct{})
+	)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i] = e.create(t, "same-key", ada)
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	replayed := 0
+	for _, r := range results {
+		require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+		require.Equal(t, string(results[0].Body), string(r.Body))
+		if r.Header.Get(inbox.ReplayedHeader) == "true" {
+			replayed++
+		}
+	}
+	require.Equal(t, n-1, replayed, "exactly one answer is the original")
+	require.Equal(t, 1, e.count(t, "users"))
+	require.Equal(t, 1, e.count(t, "inbox"))
+	require.Equal(t, n-1, apitest.Count(t, e.pool, "SELECT replays FROM inbox"))
+}
+
+// TestConcurrentKeysSameDocument: different keys racing for one document
+// number: exactly one creates, the others are refused by the business rule.
+func TestConcurrentKeysSameDocument(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	const n = 20
+	var (
+		wg    sync.WaitGroup
+		codes = make([]int, n)
+	)
+	for i := range n {
+		wg.Go(func() { codes[i] = e.create(t, fmt.Sprintf("k-%d", i), ada).Status })
+	}
+	wg.Wait()
+	created := 0
+	for _, c := range codes {
+		require.Contains(t, []int{http.StatusCreated, http.StatusConflict}, c)
+		if c == http.StatusCreated {
+			created++
+		}
+	}
+	require.Equal(t, 1, created)
+	require.Equal(t, 1, e.count(t, "users"))
+	require.Equal(t, n, e.count(t, "inbox"))
+}
+
+// TestKeyInProgress: while another transaction holds the key, a request
+// waits up to USERS_IDEMPOTENCY_WAIT, then answers 409 with Retry-After;
+// once the holder is gone the same request goes through.
+func TestKeyInProgress(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{KeyWait: 200 * time.Millisecond})
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('busy', '\x00', '{}')`)
+	require.NoError(t, err)
+
+	started := time.Now()
+	res := e.create(t, "busy", ada)
+	require.Equal(t, http.StatusConflict, res.Status, "%s", res.Body)
+	require.GreaterOrEqual(t, time.Since(started), 200*time.Millisecond, "it waited for the holder first")
+	require.Equal(t, problem.TypeIdempotencyBusy, res.Problem(t).Type)
+	require.Equal(t, "1", res.Header.Get("Retry-After"))
+
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, http.StatusCreated, e.create(t, "busy", ada).Status)
+	require.Equal(t, 1, e.count(t, "users"))
+}
+
+func TestGetUserErrors(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	res := apitest.Do(t, http.MethodGet, e.url+"/users/not-a-uuid", "")
+	require.Equal(t, http.StatusBadRequest, res.Status)
+	require.Equal(t, []string{"id"}, res.Problem(t).Fields())
+
+	res = apitest.Do(t, http.MethodGet, e.url+"/users/"+uuid.NewString(), "")
+	require.Equal(t, http.StatusNotFound, res.Status)
+	require.Equal(t, problem.TypeNotFound, res.Problem(t).Type)
+}
+
+func TestHealth(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, e.url+"/healthz", "").Status)
+	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, e.url+"/readyz", "").Status)
+	e.pool.Close()
+	res := apitest.Do(t, http.MethodGet, e.url+"/readyz", "")
+	require.Equal(t, http.StatusServiceUnavailable, res.Status)
+	require.Equal(t, problem.TypeUnavailable, res.Problem(t).Type)
+}
+
+// TestInboxPurge: rows older than the retention window go, in batches;
+// younger rows and every user stay. A purged key is forgotten, which is why
+// the retention must outlast the sender's retry horizon (SENDER_MAX_AGE).
+func TestInboxPurge(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	for i := range 7 {
+		require.Equal(t, http.StatusCreated, e.create(t, fmt.Sprintf("k-%d", i), body("A", "a@b.co", fmt.Sprintf("doc-%d", i))).Status)
+	}
+	_, err := e.pool.Exec(context.Background(),
+		"UPDATE inbox SET created_at = now() - interval '8 days' WHERE idempotency_key IN ('k-0','k-1','k-2','k-3','k-4')")
+	require.NoError(t, err)
+
+	n, err := e.srv.inbox.Purge(context.Background(), time.Now().Add(-7*24*time.Hour), 2)
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n, "three batches of at most two")
+	require.Equal(t, 2, e.count(t, "inbox"))
+	require.Equal(t, 7, e.count(t, "users"))
+
+	// The loop purges on start and stops with its context.
+	_, err = e.pool.Exec(context.Background(), "UPDATE inbox SET created_at = now() - interval '1 hour'")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.srv.inbox.PurgeLoop(ctx, slog.New(slog.NewJSONHandler(io.Discard, nil)), 30*time.Minute, time.Hour)
+	}()
+	require.Eventually(t, func() bool { return e.count(t, "inbox") == 0 }, 5*time.Second, 20*time.Millisecond)
+	cancel()
+	<-done
+}
