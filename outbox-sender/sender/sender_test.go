@@ -1,0 +1,473 @@
+package sender
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/apitest"
+	"github.com/outboxref/outboxref/internal/pgtest"
+	"github.com/outboxref/outboxref/internal/problem"
+)
+
+var quiet = slog.New(slog.NewJSONHandler(io.Discard, nil))
+
+func testConfig(usersURL string) Config {
+	return Config{
+		UsersURL: usersURL, ID: "test-sender",
+		BatchSize: 10, Concurrency: 4, PollInterval: 10 * time.Millisecond,
+		Lease: 10 * time.Second, RequestTimeout: 300 * time.Millisecond,
+		MaxAttempts: 10, BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
+		MaxAge: time.Hour,
+	}
+}
+
+// addStudents writes n students and their outbox rows the way Student does,
+// and returns the students' ids.
+func addStudents(t *testing.T, pool *pgxpool.Pool, n int) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = uuid.New()
+		payload := fmt.Sprintf(`{"name":"S %d","email":"s%d@example.com","document_number":"doc-%s"}`, i, i, ids[i])
+		_, err := pool.Exec(context.Background(), `
+			WITH s AS (INSERT INTO students (id, name, email, document_number) VALUES ($1, 'S', 's@example.com', $2) RETURNING id)
+			INSERT INTO outbox (idempotency_key, operation, student_id, payload) SELECT gen_random_uuid(), 'create-user', id, $3 FROM s`,
+			ids[i], "doc-"+ids[i].String(), payload)
+		require.NoError(t, err)
+	}
+	return ids
+}
+
+// run starts the sender and returns a function that stops it and waits,
+// failing the test if Run does not return within five seconds.
+func run(t *testing.T, pool *pgxpool.Pool, cfg Config) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- New(quiet, pool, cfg).Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(5 * time.Second):
+				t.Fatal("sender did not stop within 5s of its context ending")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	return apitest.Count(t, pool, sql, args...)
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, 15*time.Second, 10*time.Millisecond, what)
+}
+
+// fakeUsers is a Users stand-in: answer decides what each delivery gets,
+// given the key and how many times that key was seen (from 1).
+type fakeUsers struct {
+	mu     sync.Mutex
+	seen   map[string]int
+	ids    map[string]uuid.UUID
+	bodies map[string]string
+	answer func(w http.ResponseWriter, r *http.Request, key string, n int) bool
+}
+
+func newFakeUsers(t *testing.T, answer func(w http.ResponseWriter, r *http.Request, key string, n int) bool) (*fakeUsers, string) {
+	f := &fakeUsers{seen: map[string]int{}, ids: map[string]uuid.UUID{}, bodies: map[string]string{}, answer: answer}
+	ts := httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(ts.Close)
+	return f, ts.URL
+}
+
+func (f *fakeUsers) serve(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	body, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	f.seen[key]++
+	n := f.seen[key]
+	f.bodies[key] = string(body)
+	if _, ok := f.ids[key]; !ok {
+		f.ids[key] = uuid.New()
+	}
+	id := f.ids[key]
+	f.mu.Unlock()
+	if r.Method != http.MethodPost || r.URL.Path != "/users" || r.Header.Get("Content-Type") != "application/json" {
+		http.Error(w, "unexpected request", http.StatusTeapot)
+		return
+	}
+	if f.answer != nil && f.answer(w, r, key, n) {
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(map[string]any{"userId": id, "status": "created"})
+}
+
+func (f *fakeUsers) deliveries(key string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.seen[key]
+}
+
+func writeProblem(w http.ResponseWriter, p *problem.Error) {
+	w.Header().Set("Content-Type", problem.ContentType)
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(p.Body())
+}
+
+func TestDeliversAndLinks(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	users, url := newFakeUsers(t, nil)
+	ids := addStudents(t, pool, 25)
+	run(t, pool, testConfig(url))
+
+	eventually(t, "every row delivered", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == len(ids)
+	})
+	rows, err := pool.Query(context.Background(),
+		"SELECT o.idempotency_key, o.payload::text, s.user_id, o.attempts, o.lease_token IS NULL FROM outbox o JOIN students s ON s.id = o.student_id")
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			key      uuid.UUID
+			payload  string
+			userID   uuid.UUID
+			attempts int
+			released bool
+		)
+		require.NoError(t, rows.Scan(&key, &payload, &userID, &attempts, &released))
+		require.Equal(t, users.ids[key.String()], userID, "the student holds the user id Users returned for its key")
+		require.JSONEq(t, payload, users.bodies[key.String()], "the payload is sent as stored")
+		require.Equal(t, 1, attempts)
+		require.True(t, released)
+	}
+	require.NoError(t, rows.Err())
+}
+
+// TestRetriesTransientFailures walks one row through every transient
+// failure before Users finally answers: each is retried, none dead-letters.
+func TestRetriesTransientFailures(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	var lastErrors sync.Map
+	users, url := newFakeUsers(t, func(w http.ResponseWriter, r *http.Request, key string, n int) bool {
+		switch n {
+		case 1: // slower than the request timeout
+			time.Sleep(500 * time.Millisecond)
+			return true
+		case 2: // Users read the request, then the connection dropped
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return true
+		case 3:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return true
+		case 4:
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return true
+		case 5:
+			w.WriteHeader(http.StatusRequestTimeout)
+			return true
+		case 6:
+			writeProblem(w, &problem.Error{Type: problem.TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict})
+			return true
+		}
+		return false
+	})
+	addStudents(t, pool, 1)
+	cfg := testConfig(url)
+	run(t, pool, cfg)
+
+	// Watch last_error as the row goes round, to see each failure recorded.
+	eventually(t, "row delivered after six failures", func() bool {
+		var le *string
+		_ = pool.QueryRow(context.Background(), "SELECT last_error FROM outbox").Scan(&le)
+		if le != nil {
+			lastErrors.Store(*le, true)
+		}
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == 1
+	})
+	require.Equal(t, 7, count(t, pool, "SELECT attempts FROM outbox"))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE user_id IS NOT NULL"))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE last_error IS NULL"), "a delivered row has no error")
+	for k := range users.seen {
+		require.Equal(t, 7, users.deliveries(k))
+	}
+	seen := 0
+	lastErrors.Range(func(_, _ any) bool { seen++; return true })
+	require.Positive(t, seen, "at least one failure was recorded on the row while it was pending")
+}
+
+func TestPermanentFailuresDeadLetterWithoutBlockingOthers(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	ids := addStudents(t, pool, 12)
+	ctx := context.Background()
+	keyOf := func(student uuid.UUID) string {
+		var k uuid.UUID
+		require.NoError(t, pool.QueryRow(ctx, "SELECT idempotency_key FROM outbox WHERE student_id = $1", student).Scan(&k))
+		return k.String()
+	}
+	taken, mismatch, noID, teapot := keyOf(ids[0]), keyOf(ids[1]), keyOf(ids[2]), keyOf(ids[3])
+	users, url := newFakeUsers(t, func(w http.ResponseWriter, r *http.Request, key string, n int) bool {
+		switch key {
+		case taken:
+			writeProblem(w, &problem.Error{Type: problem.TypeDocumentTaken, Title: "Document number already in use", Status: http.StatusConflict})
+		case mismatch:
+			writeProblem(w, &problem.Error{Type: problem.TypeIdempotencyMismatch, Title: "Idempotency key reused with a different request", Status: http.StatusUnprocessableEntity})
+		case noID:
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"status":"created"}`))
+		case teapot:
+			w.WriteHeader(http.StatusTeapot)
+		default:
+			return false
+		}
+		return true
+	})
+	run(t, pool, testConfig(url))
+
+	eventually(t, "all rows settled", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'pending'") == 0
+	})
+	require.Equal(t, 8, count(t, pool, "SELECT count(*) FROM students WHERE user_id IS NOT NULL"), "good rows flow past bad ones")
+	want := map[uuid.UUID]string{
+		ids[0]: "Users answered 409 Document number already in use",
+		ids[1]: "Users answered 422 Idempotency key reused with a different request",
+		ids[2]: "Users answered 201 without a userId",
+		ids[3]: "Users answered 418 I'm a teapot",
+	}
+	for student, msg := range want {
+		var (
+			state, lastError string
+			linked           bool
+		)
+		require.NoError(t, pool.QueryRow(ctx,
+			"SELECT o.state, o.last_error, s.user_id IS NOT NULL FROM outbox o JOIN students s ON s.id = o.student_id WHERE s.id = $1", student).
+			Scan(&state, &lastError, &linked))
+		require.Equal(t, "dead", state)
+		require.Equal(t, msg, lastError)
+		require.False(t, linked)
+	}
+	for _, key := range []string{taken, mismatch, noID, teapot} {
+		require.Equal(t, 1, users.deliveries(key), "a permanent failure is not retried")
+	}
+}
+
+func TestGivesUpAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	_, url := newFakeUsers(t, func(w http.ResponseWriter, _ *http.Request, _ string, _ int) bool {
+		w.WriteHeader(http.StatusBadGateway)
+		return true
+	})
+	addStudents(t, pool, 1)
+	cfg := testConfig(url)
+	cfg.MaxAttempts = 3
+	run(t, pool, cfg)
+	eventually(t, "row dead", func() bool { return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead'") == 1 })
+	var lastError string
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT last_error FROM outbox").Scan(&lastError))
+	require.Equal(t, "gave up after 3 attempts; last error: Users answered 502 Bad Gateway", lastError)
+	require.Equal(t, 3, count(t, pool, "SELECT attempts FROM outbox"))
+}
+
+func TestGivesUpOnRowsOlderThanMaxAge(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	users, url := newFakeUsers(t, nil)
+	addStudents(t, pool, 2)
+	_, err := pool.Exec(context.Background(), "UPDATE outbox SET created_at = now() - interval '2 hours' WHERE id = (SELECT min(id) FROM outbox)")
+	require.NoError(t, err)
+	run(t, pool, testConfig(url))
+	eventually(t, "both settled", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state <> 'pending'") == 2
+	})
+	var lastError string
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT last_error FROM outbox WHERE state = 'dead'").Scan(&lastError))
+	require.Contains(t, lastError, "more than SENDER_MAX_AGE=1h0m0s")
+	users.mu.Lock()
+	defer users.mu.Unlock()
+	require.Len(t, users.seen, 1, "the expired row is never sent")
+}
+
+func TestNeverOverwritesAStudentLinkedToAnotherUser(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	_, url := newFakeUsers(t, nil)
+	ids := addStudents(t, pool, 3)
+	other := uuid.New()
+	_, err := pool.Exec(context.Background(), "UPDATE students SET user_id = $1 WHERE id = $2", other, ids[0])
+	require.NoError(t, err)
+	run(t, pool, testConfig(url))
+	eventually(t, "all settled", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'pending'") == 0
+	})
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE id = $1 AND user_id = $2", ids[0], other), "the existing link stands")
+	var lastError string
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT last_error FROM outbox WHERE student_id = $1 AND state = 'dead'", ids[0]).Scan(&lastError))
+	require.Contains(t, lastError, "already linked to a different user")
+	require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'"))
+}
+
+// TestExpiredLeaseIsRedelivered: a sender that claimed rows and died leaves
+// them leased; once the lease runs out another sender delivers them.
+func TestExpiredLeaseIsRedelivered(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	_, url := newFakeUsers(t, nil)
+	addStudents(t, pool, 5)
+	_, err := pool.Exec(context.Background(),
+		"UPDATE outbox SET available_at = now() + interval '1 second', lease_token = gen_random_uuid(), claimed_by = 'dead-sender', attempts = 1")
+	require.NoError(t, err)
+	started := time.Now()
+	run(t, pool, testConfig(url))
+	eventually(t, "leased rows delivered", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == 5
+	})
+	require.GreaterOrEqual(t, time.Since(started), 900*time.Millisecond, "not before the lease ran out")
+	require.Equal(t, 5, count(t, pool, "SELECT count(*) FROM outbox WHERE attempts = 2 AND claimed_by = 'test-sender'"))
+}
+
+// TestSendersSideBySide: three senders on one outbox never deliver the same
+// row at the same time: with no failures, each key reaches Users once.
+func TestSendersSideBySide(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	var concurrent, worst atomic.Int32
+	inflight := sync.Map{}
+	users, url := newFakeUsers(t, func(_ http.ResponseWriter, _ *http.Request, key string, _ int) bool {
+		if _, loaded := inflight.LoadOrStore(key, true); loaded {
+			worst.Store(99) // the same key twice at once
+		}
+		n := concurrent.Add(1)
+		if n > worst.Load() && worst.Load() != 99 {
+			worst.Store(n)
+		}
+		time.Sleep(2 * time.Millisecond)
+		concurrent.Add(-1)
+		inflight.Delete(key)
+		return false
+	})
+	const n = 300
+	addStudents(t, pool, n)
+	for i := range 3 {
+		cfg := testConfig(url)
+		cfg.ID = fmt.Sprintf("sender-%d", i)
+		run(t, pool, cfg)
+	}
+	eventually(t, "all delivered", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == n
+	})
+	require.NotEqual(t, int32(99), worst.Load(), "a key was delivered twice at the same moment")
+	users.mu.Lock()
+	defer users.mu.Unlock()
+	require.Len(t, users.seen, n)
+	for key, times := range users.seen {
+		require.Equal(t, 1, times, "key %s", key)
+	}
+	require.Greater(t, count(t, pool, "SELECT count(DISTINCT claimed_by) FROM outbox"), 1, "the work was shared")
+}
+
+// TestShutdownFinishesInFlightAndReleasesTheRest: on shutdown the request in
+// flight completes and is recorded; rows claimed but not sent are handed
+// back at once, without counting an attempt.
+func TestShutdownFinishesInFlightAndReleasesTheRest(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	entered := make(chan struct{}, 10)
+	proceed := make(chan struct{})
+	_, url := newFakeUsers(t, func(_ http.ResponseWriter, _ *http.Request, _ string, _ int) bool {
+		entered <- struct{}{}
+		<-proceed
+		return false
+	})
+	addStudents(t, pool, 5)
+	cfg := testConfig(url)
+	cfg.Concurrency, cfg.BatchSize, cfg.RequestTimeout = 1, 5, 5*time.Second
+	stop := run(t, pool, cfg)
+	<-entered
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE lease_token IS NOT NULL") == 5
+	}, 5*time.Second, 10*time.Millisecond, "all five claimed")
+
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	time.Sleep(50 * time.Millisecond) // let the shutdown begin while the request is in flight
+	close(proceed)
+	<-stopped
+
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered' AND attempts = 1"))
+	require.Equal(t, 4, count(t, pool,
+		"SELECT count(*) FROM outbox WHERE state = 'pending' AND attempts = 0 AND lease_token IS NULL AND available_at <= now()"))
+}
+
+func TestBackoffGrowsWithJitterWithinBounds(t *testing.T) {
+	t.Parallel()
+	s := &Sender{cfg: Config{BackoffMin: 100 * time.Millisecond, BackoffMax: 2 * time.Second}}
+	for attempt, ceiling := range map[int]time.Duration{
+		1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 3: 400 * time.Millisecond,
+		5: 1600 * time.Millisecond, 6: 2 * time.Second, 60: 2 * time.Second,
+	} {
+		for range 200 {
+			d := s.backoff(attempt)
+			require.GreaterOrEqual(t, d, ceiling/2, "attempt %d", attempt)
+			require.LessOrEqual(t, d, ceiling, "attempt %d", attempt)
+		}
+	}
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	cfg, r, err := LoadConfig(env())
+	require.NoError(t, err, "the defaults are consistent")
+	require.Equal(t, 100, cfg.BatchSize)
+	require.Contains(t, r.Names(), "SENDER_MAX_AGE")
+
+	for _, bad := range [][]string{
+		{"SENDER_BATCH_SIZE", "0"},
+		{"SENDER_CONCURRENCY", "many"},
+		{"SENDER_USERS_URL", "users:8081"},
+		{"SENDER_LEASE", "2s"},
+		{"SENDER_BACKOFF_MIN", "2m"},
+		{"CRASH_POINT", "nowhere"},
+	} {
+		_, _, err := LoadConfig(env(bad...))
+		require.ErrorContains(t, err, bad[0], "%v", bad)
+	}
+}
