@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -93,4 +94,67 @@ func Count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n), sql)
 	return n
+}
+
+// FreeAddr returns a loopback address with a port that was free a moment
+// ago, for a server under test to listen on.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// Env turns name, value pairs into a getenv function.
+func Env(kv ...string) func(string) string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) string { return m[k] }
+}
+
+// RunUntilReady starts run in the background, waits until url answers 200,
+// and returns a function that ends run's context and returns its error.
+// The test fails if the server is not ready within ten seconds or does not
+// stop within ten seconds of being told to.
+func RunUntilReady(t testing.TB, url string, run func(ctx context.Context) error) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case err := <-done:
+			cancel()
+			t.Fatalf("exited before it was ready: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("%s not ready within 10s (last error: %v)", url, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Cleanup(cancel)
+	return func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("did not stop within 10s of its context ending")
+			return nil
+		}
+	}
 }

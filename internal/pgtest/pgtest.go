@@ -53,6 +53,12 @@ func URL(t testing.TB, set migrations.Set) string {
 	return pgtestdb.Custom(t, conf, migrator{set: set}).URL()
 }
 
+// EmptyURL creates a fresh database with no schema, for testing migrations.
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	return pgtestdb.Custom(t, config(t, ServerURL(t)), pgtestdb.NoopMigrator{}).URL()
+}
+
 // Pool is URL plus a pgx pool closed at cleanup.
 func Pool(t testing.TB, set migrations.Set) *pgxpool.Pool {
 	t.Helper()

@@ -1,0 +1,43 @@
+package usersvc
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/internal/apitest"
+	"github.com/outboxref/outboxref/internal/pgtest"
+)
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	err := Run(context.Background(), nil, apitest.Env(
+		"USERS_INBOX_RETENTION", "forever", "USERS_DATABASE_URL", "mysql://x", "CRASH_POINT", "nowhere"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "USERS_INBOX_RETENTION")
+	require.ErrorContains(t, err, "USERS_DATABASE_URL")
+	require.ErrorContains(t, err, "CRASH_POINT")
+
+	err = Run(context.Background(), []string{"serve"}, apitest.Env(), &bytes.Buffer{})
+	require.ErrorContains(t, err, `want none, or "migrate"`)
+}
+
+// TestRunMigratesThenServes starts from an empty database, as a first
+// deployment does: "users migrate", then the server, then a clean shutdown.
+func TestRunMigratesThenServes(t *testing.T) {
+	t.Parallel()
+	env := apitest.Env("USERS_DATABASE_URL", pgtest.EmptyURL(t), "USERS_HTTP_ADDR", apitest.FreeAddr(t))
+	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}))
+	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}), "migrating twice is a no-op")
+
+	var logs bytes.Buffer
+	base := "http://" + env("USERS_HTTP_ADDR")
+	stop := apitest.RunUntilReady(t, base+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
+	res := apitest.Do(t, http.MethodPost, base+"/users", ada, "Idempotency-Key", "run-1")
+	require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
+	require.NoError(t, stop())
+	require.Contains(t, logs.String(), `"msg":"listening"`)
+	require.Contains(t, logs.String(), `"service":"users"`)
+}
