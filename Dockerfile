@@ -1,0 +1,38 @@
+# syntax=docker/dockerfile:1
+
+# One image holds all three binaries; docker-compose.yml picks the binary per
+# service with `command:`. e2e/compose_test.go reads this file: it checks that
+# every binary compose runs is built by the `go build` line below, and that
+# every published port is in EXPOSE.
+
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+
+# Modules change far less often than code: download them in their own layer
+# so an edit to a .go file does not download them again.
+COPY go.mod go.sum ./
+RUN go mod download
+
+COPY db/ db/
+COPY internal/ internal/
+COPY services/ services/
+COPY outbox-sender/ outbox-sender/
+
+# Static binaries (no cgo), so the final image needs no libc. -trimpath keeps
+# build paths out of the binaries, -s -w drops the symbol tables.
+RUN --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./services/student ./services/users ./outbox-sender
+
+# Distroless: no shell and no package manager, and the :nonroot tag runs as
+# an unprivileged user. It also carries the CA certificates, in case
+# SENDER_USERS_URL is ever https.
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/ /usr/local/bin/
+USER nonroot:nonroot
+
+# Student, Users and the sender's admin port, in that order.
+EXPOSE 8080 8081 8082
+
+# No ENTRYPOINT and no CMD on purpose: compose names the binary in `command:`
+# (/usr/local/bin is on the image's PATH), and forgetting it fails loudly
+# instead of silently starting the wrong service.

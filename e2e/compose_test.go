@@ -1,0 +1,849 @@
+package e2e
+
+// This file checks docker-compose.yml and the Dockerfile against the code,
+// without Docker: the compose file is read by the same library Docker Compose
+// uses, and every Go service's environment is fed to that binary's own
+// LoadConfig. A misspelt variable, a port that nothing listens on or a
+// migration that does not run first would otherwise only show up when
+// somebody runs `docker compose up`.
+//
+// It carries no build tag on purpose, so that plain `go test ./...` runs it;
+// the fault-injection suite in this folder is the part behind `-tags e2e`.
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/loader"
+	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/outbox-sender/sender"
+	"github.com/outboxref/outboxref/services/student/studentsvc"
+	"github.com/outboxref/outboxref/services/users/usersvc"
+)
+
+const (
+	composeFile = "../docker-compose.yml" // relative to this package's folder, where go test runs
+	repoRoot    = ".."
+	// The project name is fixed so the result does not depend on the folder
+	// the repository was cloned into or on COMPOSE_PROJECT_NAME.
+	composeProject = "outboxref"
+	// Bounds the loader (the checks themselves are plain computation); it
+	// takes milliseconds, so hitting this means something hangs.
+	composeTimeout = 30 * time.Second
+)
+
+// requiredServices are the services the README's quick start relies on, with
+// the command each must run. Checking the command too catches, say,
+// users-migrate migrating Student's database.
+var requiredServices = map[string][]string{
+	"student-db":      nil,
+	"users-db":        nil,
+	"student-migrate": {"student", "migrate"},
+	"users-migrate":   {"users", "migrate"},
+	"student":         {"student"},
+	"users":           {"users"},
+	"outbox-sender":   {"outbox-sender"},
+}
+
+// binary is what the checks need to know about one of the three binaries.
+type binary struct {
+	pkg     string // the package the Dockerfile must build
+	addrVar string // the variable holding its listen address
+	dbVar   string // the variable holding its database URL
+	load    func(getenv func(string) string) (appConfig, error)
+}
+
+// appConfig is the part of a binary's Config the checks compare across
+// services.
+type appConfig struct {
+	names []string // every variable the binary reads
+	addr  string
+	dbURL string
+}
+
+// binaries is keyed by binary name: `go build -o dir/ ./services/student`
+// names the binary after the package folder, "student".
+var binaries = map[string]binary{
+	"student": {
+		pkg: "./services/student", addrVar: "STUDENT_HTTP_ADDR", dbVar: "STUDENT_DATABASE_URL",
+		load: func(getenv func(string) string) (appConfig, error) {
+			c, r, err := studentsvc.LoadConfig(getenv)
+			return appConfig{names: r.Names(), addr: c.HTTPAddr, dbURL: c.DatabaseURL}, err
+		},
+	},
+	"users": {
+		pkg: "./services/users", addrVar: "USERS_HTTP_ADDR", dbVar: "USERS_DATABASE_URL",
+		load: func(getenv func(string) string) (appConfig, error) {
+			c, r, err := usersvc.LoadConfig(getenv)
+			return appConfig{names: r.Names(), addr: c.HTTPAddr, dbURL: c.DatabaseURL}, err
+		},
+	},
+	"outbox-sender": {
+		pkg: "./outbox-sender", addrVar: "SENDER_ADMIN_ADDR", dbVar: "SENDER_DATABASE_URL",
+		load: func(getenv func(string) string) (appConfig, error) {
+			c, r, err := sender.LoadConfig(getenv)
+			return appConfig{names: r.Names(), addr: c.AdminAddr, dbURL: c.DatabaseURL}, err
+		},
+	},
+}
+
+// defaultPath is the PATH of distroless images, and the one Docker gives an
+// image that sets none; a bare command name is looked up there.
+var defaultPath = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
+
+// check is one rule; it returns a line per problem found.
+type check struct {
+	name string
+	run  func(d *deployment) []string
+}
+
+var checks = []check{
+	{"required services", checkRequiredServices},
+	{"image builds the binaries", checkBuild},
+	{"environment", checkEnvironment},
+	{"ports", checkPorts},
+	{"database URLs", checkDatabases},
+	{"users URL", checkUsersURL},
+	{"start order", checkStartOrder},
+	{"inbox outlasts sender retries", checkRetention},
+}
+
+func TestCompose(t *testing.T) {
+	t.Parallel()
+	content, err := os.ReadFile(composeFile)
+	require.NoError(t, err)
+	d := loadDeployment(t, composeFile, content)
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			problems := c.run(d)
+			require.Empty(t, problems, "docker-compose.yml:\n  %s", strings.Join(problems, "\n  "))
+		})
+	}
+}
+
+// TestComposeCheckerCatchesMistakes feeds the checks a compose file with one
+// or more mistakes per check. A check that reports nothing here would pass
+// any file, and TestCompose would prove nothing.
+func TestComposeCheckerCatchesMistakes(t *testing.T) {
+	t.Parallel()
+	const broken = `
+services:
+  student-db:
+    image: postgres:15
+    environment:
+      POSTGRES_DB: student
+      POSTGRES_PASSWORD: pw
+  student-migrate:
+    build: .
+    command: ["student", "migrate"]
+    environment:
+      STUDENT_DATABASE_URL: postgres://postgres:pw@student-db:5432/students
+    depends_on: [student-db]
+  student:
+    build: .
+    command: ["student"]
+    environment:
+      STUDENT_DATABASE_URL: postgres://postgres:wrong@student-db:5432/student
+      STUDENT_HTTP_ADDR: ":8080"
+      STUDENT_HTTP_PORT: "8080"
+      STUDENT_IDEMPOTENCY_WAIT: forever
+    ports: ["8080:9090"]
+    depends_on: [student-migrate]
+  users:
+    build: .
+    command: ["users"]
+    environment:
+      USERS_DATABASE_URL: postgres://postgres:pw@users-db:5432/users
+      USERS_HTTP_ADDR: ":9091"
+      USERS_INBOX_RETENTION: 24h
+    ports: ["9091:9091"]
+  outbox-sender:
+    build: .
+    command: ["outbox-sender"]
+    environment:
+      SENDER_DATABASE_URL: postgres://postgres:pw@users-db:5432/users
+      SENDER_USERS_URL: http://users:8081
+      SENDER_MAX_AGE: 48h
+  worker:
+    build: .
+    command: ["outbox-worker"]
+`
+	d := loadDeployment(t, filepath.Join(repoRoot, "broken-compose.yml"), []byte(broken))
+	want := map[string][]string{
+		"required services": {
+			`"users-db" is missing`,
+			`"users-migrate" is missing`,
+		},
+		"image builds the binaries": {
+			`"worker": command "outbox-worker" is not a binary the Dockerfile builds`,
+		},
+		"environment": {
+			`"student": STUDENT_HTTP_PORT is not read by student`,
+			`"student": student rejects this environment`,
+		},
+		"ports": {
+			`"student": publishes container port 9090, but STUDENT_HTTP_ADDR=":8080" listens on 8080`,
+			`"users": container port 9091 is not in the Dockerfile's EXPOSE`,
+		},
+		"database URLs": {
+			`"student-migrate": STUDENT_DATABASE_URL names database "students", but student-db's POSTGRES_DB is "student"`,
+			`"student": STUDENT_DATABASE_URL has the wrong password for student-db`,
+			`"users": USERS_DATABASE_URL points at "users-db", which is not a service`,
+			`"outbox-sender": SENDER_DATABASE_URL points at users-db/users, but the sender works on Student's database, student-db/student`,
+		},
+		"users URL": {
+			`SENDER_USERS_URL=http://users:8081 uses port 8081, but "users" listens on 9091`,
+		},
+		"start order": {
+			`"student-db": has no healthcheck`,
+			`"student-migrate": must depend on "student-db" with condition service_healthy, not service_started`,
+			`"student": must depend on a migration of student-db/student with condition service_completed_successfully`,
+			`"outbox-sender": must depend on a migration of users-db/users with condition service_completed_successfully`,
+		},
+		"inbox outlasts sender retries": {
+			`USERS_INBOX_RETENTION=24h0m0s ("users") must be longer than SENDER_MAX_AGE=48h0m0s ("outbox-sender")`,
+		},
+	}
+	require.Len(t, want, len(checks), "every check needs a mistake to catch")
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			got := strings.Join(c.run(d), "\n")
+			require.Contains(t, want, c.name)
+			for _, w := range want[c.name] {
+				require.Contains(t, got, w)
+			}
+		})
+	}
+}
+
+// deployment is a loaded compose project and the Dockerfiles it builds.
+type deployment struct {
+	project *types.Project
+	images  map[string]image // by Dockerfile path
+	errs    map[string]error // Dockerfiles that could not be read or parsed
+}
+
+// loadDeployment parses a compose file as Docker Compose would, except that
+// no variable comes from the host environment or a .env file: the result
+// must not depend on who runs the test.
+func loadDeployment(t *testing.T, filename string, content []byte) *deployment {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), composeTimeout)
+	defer cancel()
+	abs, err := filepath.Abs(filename)
+	require.NoError(t, err)
+	project, err := loader.LoadWithContext(ctx, types.ConfigDetails{
+		WorkingDir:  filepath.Dir(abs),
+		ConfigFiles: []types.ConfigFile{{Filename: abs, Content: content}},
+		Environment: types.Mapping{},
+	}, func(o *loader.Options) {
+		o.SetProjectName(composeProject, true)
+		o.ResolvePaths = true // build contexts become absolute, so we can stat them
+	})
+	require.NoError(t, err, "loading %s", filename)
+
+	d := &deployment{project: project, images: map[string]image{}, errs: map[string]error{}}
+	for _, s := range project.Services {
+		if s.Build == nil {
+			continue
+		}
+		file := dockerfilePath(s.Build)
+		if _, done := d.images[file]; done || d.errs[file] != nil {
+			continue
+		}
+		text, err := os.ReadFile(file)
+		if err == nil {
+			var img image
+			if img, err = parseDockerfile(string(text)); err == nil {
+				d.images[file] = img
+				continue
+			}
+		}
+		d.errs[file] = err
+	}
+	return d
+}
+
+func dockerfilePath(b *types.BuildConfig) string {
+	f := b.Dockerfile
+	if f == "" {
+		f = "Dockerfile"
+	}
+	if !filepath.IsAbs(f) {
+		f = filepath.Join(b.Context, f)
+	}
+	return f
+}
+
+// goServices are the services that run one of our binaries: those built
+// from source, and the required ones even if they lost their build section.
+func (d *deployment) goServices() []types.ServiceConfig {
+	var out []types.ServiceConfig
+	for _, name := range slices.Sorted(maps.Keys(d.project.Services)) {
+		s := d.project.Services[name]
+		if s.Build != nil || len(requiredServices[name]) > 0 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// binaryOf returns the binary a service runs, judged by its command.
+func binaryOf(s types.ServiceConfig) (string, binary, bool) {
+	if len(s.Command) == 0 {
+		return "", binary{}, false
+	}
+	name := path.Base(s.Command[0])
+	b, ok := binaries[name]
+	return name, b, ok
+}
+
+func isMigration(s types.ServiceConfig) bool {
+	return len(s.Command) == 2 && s.Command[1] == "migrate"
+}
+
+// config runs the service's binary's LoadConfig on the service's
+// environment.
+func config(s types.ServiceConfig) (appConfig, error) {
+	_, b, _ := binaryOf(s)
+	return b.load(getenvOf(s.Environment))
+}
+
+// getenvOf reads a compose environment the way the container will see it.
+// A variable listed without a value and absent from the (empty) host
+// environment is unset in the container, hence "".
+func getenvOf(env types.MappingWithEquals) func(string) string {
+	return func(name string) string {
+		if v := env[name]; v != nil {
+			return *v
+		}
+		return ""
+	}
+}
+
+func checkRequiredServices(d *deployment) []string {
+	var problems []string
+	for _, name := range slices.Sorted(maps.Keys(requiredServices)) {
+		s, ok := d.project.Services[name]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("service %q is missing", name))
+			continue
+		}
+		want := requiredServices[name]
+		if want == nil {
+			continue
+		}
+		got := slices.Clone(s.Command)
+		if len(got) > 0 {
+			got[0] = path.Base(got[0])
+		}
+		if !slices.Equal(got, want) {
+			problems = append(problems, fmt.Sprintf("service %q runs %q, want %q", name, s.Command, want))
+		}
+	}
+	return problems
+}
+
+func checkBuild(d *deployment) []string {
+	var problems []string
+	for _, s := range d.goServices() {
+		if s.Build == nil {
+			problems = append(problems, fmt.Sprintf("%q: has no build section, so it would not run this repository's code", s.Name))
+			continue
+		}
+		if fi, err := os.Stat(s.Build.Context); err != nil || !fi.IsDir() {
+			problems = append(problems, fmt.Sprintf("%q: build context %s is not a folder", s.Name, s.Build.Context))
+			continue
+		}
+		file := dockerfilePath(s.Build)
+		if err := d.errs[file]; err != nil {
+			problems = append(problems, fmt.Sprintf("%q: Dockerfile %s: %v", s.Name, file, err))
+			continue
+		}
+		img := d.images[file]
+		if img.entrypoint {
+			problems = append(problems, fmt.Sprintf("%q: the Dockerfile's final stage has an ENTRYPOINT, so command %q would be its arguments rather than the binary to run", s.Name, s.Command))
+		}
+		if len(s.Command) == 0 {
+			problems = append(problems, fmt.Sprintf("%q: has no command; the image does not choose a binary", s.Name))
+			continue
+		}
+		cmd := s.Command[0]
+		pkg, ok := img.lookup(cmd)
+		if !ok {
+			problems = append(problems, fmt.Sprintf("%q: command %q is not a binary the Dockerfile builds and copies into the final image (it has %v)", s.Name, cmd, img.installedPaths()))
+			continue
+		}
+		if name, b, ok := binaryOf(s); !ok || path.Clean(b.pkg) != pkg {
+			problems = append(problems, fmt.Sprintf("%q: command %q runs the binary built from %s, which is not the %s binary", s.Name, cmd, pkg, name))
+		}
+	}
+	return problems
+}
+
+func checkEnvironment(d *deployment) []string {
+	var problems []string
+	for _, s := range d.goServices() {
+		name, _, ok := binaryOf(s)
+		if !ok {
+			continue // checkBuild reports it
+		}
+		cfg, err := config(s)
+		for _, v := range slices.Sorted(maps.Keys(s.Environment)) {
+			if !slices.Contains(cfg.names, v) {
+				problems = append(problems, fmt.Sprintf("%q: %s is not read by %s, so setting it does nothing (it reads %v)", s.Name, v, name, cfg.names))
+			}
+		}
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%q: %s rejects this environment: %v", s.Name, name, err))
+		}
+	}
+	return problems
+}
+
+func checkPorts(d *deployment) []string {
+	var problems []string
+	for _, s := range d.goServices() {
+		_, b, ok := binaryOf(s)
+		if !ok || len(s.Ports) == 0 {
+			continue
+		}
+		cfg, _ := config(s)
+		port, err := portOf(cfg.addr)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%q: %s=%q: %v", s.Name, b.addrVar, cfg.addr, err))
+			continue
+		}
+		var img image
+		if s.Build != nil {
+			img = d.images[dockerfilePath(s.Build)]
+		}
+		for _, p := range s.Ports {
+			if p.Target != port {
+				problems = append(problems, fmt.Sprintf("%q: publishes container port %d, but %s=%q listens on %d", s.Name, p.Target, b.addrVar, cfg.addr, port))
+			}
+			// An image that failed to load is checkBuild's to report.
+			if img.installed != nil && !slices.Contains(img.expose, p.Target) {
+				problems = append(problems, fmt.Sprintf("%q: container port %d is not in the Dockerfile's EXPOSE %v", s.Name, p.Target, img.expose))
+			}
+		}
+	}
+	return problems
+}
+
+// database identifies a database inside the compose project.
+type database struct{ host, name string }
+
+func (db database) String() string { return db.host + "/" + db.name }
+
+// databaseOf checks a service's database URL against the database service it
+// names and returns that database.
+func (d *deployment) databaseOf(s types.ServiceConfig) (database, []string) {
+	_, b, ok := binaryOf(s)
+	if !ok {
+		return database{}, nil
+	}
+	cfg, _ := config(s)
+	u, err := url.Parse(cfg.dbURL)
+	if err != nil {
+		return database{}, []string{fmt.Sprintf("%q: %s: %v", s.Name, b.dbVar, err)}
+	}
+	db := database{host: u.Hostname(), name: strings.TrimPrefix(u.Path, "/")}
+	dbSvc, ok := d.project.Services[db.host]
+	if !ok {
+		return db, []string{fmt.Sprintf("%q: %s points at %q, which is not a service", s.Name, b.dbVar, db.host)}
+	}
+	// The postgres image's defaults, from its documentation.
+	env := getenvOf(dbSvc.Environment)
+	user := cmp.Or(env("POSTGRES_USER"), "postgres")
+	name := cmp.Or(env("POSTGRES_DB"), user)
+	var problems []string
+	if db.name != name {
+		problems = append(problems, fmt.Sprintf("%q: %s names database %q, but %s's POSTGRES_DB is %q", s.Name, b.dbVar, db.name, db.host, name))
+	}
+	if p := u.Port(); p != "" && p != "5432" {
+		problems = append(problems, fmt.Sprintf("%q: %s uses port %s, but PostgreSQL in %s listens on 5432", s.Name, b.dbVar, p, db.host))
+	}
+	if u.User.Username() != user {
+		problems = append(problems, fmt.Sprintf("%q: %s logs in as %q, but %s's user is %q", s.Name, b.dbVar, u.User.Username(), db.host, user))
+	}
+	if pw, _ := u.User.Password(); pw != env("POSTGRES_PASSWORD") {
+		problems = append(problems, fmt.Sprintf("%q: %s has the wrong password for %s", s.Name, b.dbVar, db.host))
+	}
+	return db, problems
+}
+
+func checkDatabases(d *deployment) []string {
+	var problems []string
+	// Every service running a binary must use the same database as the
+	// others running it: a migration of another database than the one the
+	// service reads would leave the service without its tables.
+	byBinary := map[string]map[database][]string{}
+	serving := map[string]database{} // the database of the binary's long-running service
+	for _, s := range d.goServices() {
+		name, _, ok := binaryOf(s)
+		if !ok {
+			continue
+		}
+		db, p := d.databaseOf(s)
+		problems = append(problems, p...)
+		if byBinary[name] == nil {
+			byBinary[name] = map[database][]string{}
+		}
+		byBinary[name][db] = append(byBinary[name][db], s.Name)
+		if !isMigration(s) {
+			serving[name] = db
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(byBinary)) {
+		if dbs := byBinary[name]; len(dbs) > 1 {
+			problems = append(problems, fmt.Sprintf("the services running %s disagree on its database: %v", name, dbs))
+		}
+	}
+	studentDB, okS := serving["student"]
+	usersDB, okU := serving["users"]
+	if okS && okU && studentDB == usersDB {
+		problems = append(problems, fmt.Sprintf("Student and Users share database %s; each must own its own", studentDB))
+	}
+	// The sender owns no database: it claims rows from Student's outbox and
+	// records the answers on Student's rows.
+	if okS {
+		for db, svcs := range byBinary["outbox-sender"] {
+			if db != studentDB {
+				problems = append(problems, fmt.Sprintf("%q: SENDER_DATABASE_URL points at %s, but the sender works on Student's database, %s", svcs[0], db, studentDB))
+			}
+		}
+	}
+	return problems
+}
+
+func checkUsersURL(d *deployment) []string {
+	var problems []string
+	for _, s := range d.goServices() {
+		if name, _, _ := binaryOf(s); name != "outbox-sender" {
+			continue
+		}
+		c, _, _ := sender.LoadConfig(getenvOf(s.Environment))
+		u, err := url.Parse(c.UsersURL)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_URL: %v", s.Name, err))
+			continue
+		}
+		target, ok := d.project.Services[u.Hostname()]
+		if name, _, _ := binaryOf(target); !ok || name != "users" || isMigration(target) {
+			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_URL=%s: %q is not a service running Users", s.Name, c.UsersURL, u.Hostname()))
+			continue
+		}
+		cfg, _ := config(target)
+		want, err := portOf(cfg.addr)
+		if err != nil {
+			continue // checkPorts reports it
+		}
+		got := u.Port()
+		if got == "" {
+			got = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		if got != strconv.Itoa(int(want)) {
+			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_URL=%s uses port %s, but %q listens on %d", s.Name, c.UsersURL, got, target.Name, want))
+		}
+	}
+	return problems
+}
+
+func checkStartOrder(d *deployment) []string {
+	var problems []string
+	dbs := map[string]database{}
+	healthchecked := map[string]bool{}
+	for _, s := range d.goServices() {
+		db, _ := d.databaseOf(s)
+		dbs[s.Name] = db
+		dbSvc, ok := d.project.Services[db.host]
+		if !ok || healthchecked[db.host] {
+			continue
+		}
+		healthchecked[db.host] = true
+		// Without a healthcheck service_healthy cannot be waited for, and
+		// "started" only means the container exists, not that PostgreSQL
+		// accepts connections.
+		if hc := dbSvc.HealthCheck; hc == nil || hc.Disable || len(hc.Test) == 0 || hc.Test[0] == "NONE" {
+			problems = append(problems, fmt.Sprintf("%q: has no healthcheck, so nothing can wait for it to accept connections", db.host))
+		}
+	}
+	for _, s := range d.goServices() {
+		if _, _, ok := binaryOf(s); !ok {
+			continue
+		}
+		db := dbs[s.Name]
+		if isMigration(s) {
+			if dep, ok := s.DependsOn[db.host]; !ok || dep.Condition != types.ServiceConditionHealthy {
+				problems = append(problems, fmt.Sprintf("%q: must depend on %q with condition %s, not %s", s.Name, db.host, types.ServiceConditionHealthy, cmp.Or(dep.Condition, "none")))
+			}
+			// A migration restarted after success would never count as
+			// completed, and the services waiting for it would never start.
+			if s.Restart != "" && s.Restart != types.RestartPolicyNo {
+				problems = append(problems, fmt.Sprintf("%q: restart %q; a migration must run once", s.Name, s.Restart))
+			}
+			continue
+		}
+		// A service started before its schema exists fails its first
+		// queries; the migration must have finished, not merely started.
+		migrated := false
+		for dep, cond := range s.DependsOn {
+			m, ok := d.project.Services[dep]
+			if ok && isMigration(m) && dbs[dep] == db && cond.Condition == types.ServiceConditionCompletedSuccessfully {
+				migrated = true
+			}
+		}
+		if !migrated {
+			problems = append(problems, fmt.Sprintf("%q: must depend on a migration of %s with condition %s", s.Name, db, types.ServiceConditionCompletedSuccessfully))
+		}
+	}
+	return problems
+}
+
+// checkRetention ties the two sides of the idempotency key together. The
+// sender retries an operation with the same Idempotency-Key until
+// SENDER_MAX_AGE after the outbox row was written; Users recognises a
+// repeated key only while the key's inbox row is younger than
+// USERS_INBOX_RETENTION. A retry arriving after the inbox forgot its key is
+// treated as new and creates a second user. The inbox row is written after
+// the outbox row, so retention equal to max age would almost suffice;
+// strictly longer leaves room for the request in flight when max age ran out
+// and for the two databases' clocks disagreeing.
+func checkRetention(d *deployment) []string {
+	var problems []string
+	for _, u := range d.goServices() {
+		if name, _, _ := binaryOf(u); name != "users" || isMigration(u) {
+			continue
+		}
+		uc, _, _ := usersvc.LoadConfig(getenvOf(u.Environment))
+		for _, s := range d.goServices() {
+			if name, _, _ := binaryOf(s); name != "outbox-sender" {
+				continue
+			}
+			sc, _, _ := sender.LoadConfig(getenvOf(s.Environment))
+			if uc.InboxRetention <= sc.MaxAge {
+				problems = append(problems, fmt.Sprintf("USERS_INBOX_RETENTION=%s (%q) must be longer than SENDER_MAX_AGE=%s (%q): a retry after Users forgot its key would create a second user",
+					uc.InboxRetention, u.Name, sc.MaxAge, s.Name))
+			}
+		}
+	}
+	return problems
+}
+
+func portOf(addr string) (uint32, error) {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("want a fixed port, got %q", p)
+	}
+	return uint32(n), nil
+}
+
+// image is what the checks need from a Dockerfile's final stage.
+type image struct {
+	installed  map[string]string // absolute path in the final image → package built into it
+	expose     []uint32
+	entrypoint bool
+}
+
+// lookup resolves a command's first word the way the container runtime will,
+// and returns the package that binary was built from.
+func (img image) lookup(cmd string) (string, bool) {
+	if strings.Contains(cmd, "/") {
+		pkg, ok := img.installed[path.Clean(cmd)]
+		return pkg, ok
+	}
+	for _, dir := range defaultPath {
+		if pkg, ok := img.installed[path.Join(dir, cmd)]; ok {
+			return pkg, true
+		}
+	}
+	return "", false
+}
+
+func (img image) installedPaths() []string {
+	return slices.Sorted(maps.Keys(img.installed))
+}
+
+// parseDockerfile understands as much of a Dockerfile as the checks need:
+// the `go build` commands in RUN, COPY --from of their output into the final
+// stage, and the final stage's EXPOSE and ENTRYPOINT. Anything fancier
+// (JSON-form COPY, ARG expansion) is not recognised, and the build check
+// then fails rather than passing by accident.
+func parseDockerfile(text string) (image, error) {
+	built := map[string]string{} // path in the build stage → package
+	var img image
+	stages := 0
+	text = strings.ReplaceAll(text, "\\\r\n", " ")
+	text = strings.ReplaceAll(text, "\\\n", " ")
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue // a comment may hold an apostrophe, which is no quote
+		}
+		words, err := shellFields(line)
+		if err != nil {
+			return image{}, err
+		}
+		if len(words) == 0 {
+			continue
+		}
+		args := words[1:]
+		switch strings.ToUpper(words[0]) {
+		case "FROM":
+			stages++
+			img = image{installed: map[string]string{}}
+		case "RUN":
+			for i, w := range args {
+				if w == "go" && i+1 < len(args) && args[i+1] == "build" {
+					recordGoBuild(args[i+2:], built)
+				}
+			}
+		case "COPY":
+			var from string
+			var paths []string
+			for _, a := range args {
+				if v, ok := strings.CutPrefix(a, "--from="); ok {
+					from = v
+				} else if !strings.HasPrefix(a, "--") {
+					paths = append(paths, a)
+				}
+			}
+			if from == "" || len(paths) < 2 {
+				continue
+			}
+			dst := paths[len(paths)-1]
+			for _, src := range paths[:len(paths)-1] {
+				for p, pkg := range built {
+					if to, ok := copiedTo(p, src, dst); ok {
+						img.installed[to] = pkg
+					}
+				}
+			}
+		case "EXPOSE":
+			for _, a := range args {
+				a, _, _ = strings.Cut(a, "/")
+				n, err := strconv.ParseUint(a, 10, 16)
+				if err != nil {
+					return image{}, fmt.Errorf("EXPOSE %s: %v", a, err)
+				}
+				img.expose = append(img.expose, uint32(n))
+			}
+		case "ENTRYPOINT":
+			img.entrypoint = true
+		}
+	}
+	if stages == 0 {
+		return image{}, fmt.Errorf("no FROM")
+	}
+	if len(built) == 0 {
+		return image{}, fmt.Errorf("no `go build` command")
+	}
+	return img, nil
+}
+
+// recordGoBuild notes the binaries one `go build` produces. With -o naming a
+// folder (trailing slash) each package's binary is named after its last path
+// element; otherwise -o names the one binary.
+func recordGoBuild(args []string, built map[string]string) {
+	var out string
+	var pkgs []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "&&" || a == ";" || a == "|" || a == "||":
+			i = len(args) // the rest is another command
+		case a == "-o" && i+1 < len(args):
+			out = args[i+1]
+			i++
+		case strings.HasPrefix(a, "-o="):
+			out = strings.TrimPrefix(a, "-o=")
+		case strings.HasPrefix(a, "./") || a == ".":
+			pkgs = append(pkgs, a)
+		}
+	}
+	for _, pkg := range pkgs {
+		switch {
+		case out == "":
+			// go build of several packages without -o writes nothing
+		case strings.HasSuffix(out, "/"):
+			built[path.Join(out, path.Base(pkg))] = path.Clean(pkg)
+		case len(pkgs) == 1:
+			built[path.Clean(out)] = path.Clean(pkg)
+		}
+	}
+}
+
+// copiedTo says where COPY src dst puts the build-stage file p, if anywhere.
+func copiedTo(p, src, dst string) (string, bool) {
+	src = path.Clean(src)
+	var rel string
+	switch {
+	case p == src:
+		rel = path.Base(p)
+		if !strings.HasSuffix(dst, "/") {
+			return path.Clean(dst), true
+		}
+	case strings.HasPrefix(p, src+"/"):
+		rel = strings.TrimPrefix(p, src+"/")
+	default:
+		return "", false
+	}
+	return path.Join(dst, rel), true
+}
+
+// shellFields splits a line into words, honouring single and double quotes,
+// so that -ldflags="-s -w" stays one word.
+func shellFields(line string) ([]string, error) {
+	var words []string
+	var word strings.Builder
+	inWord := false
+	var quote rune
+	for _, r := range line {
+		switch {
+		case quote != 0:
+			if r == quote {
+				quote = 0
+			} else {
+				word.WriteRune(r)
+			}
+		case r == '"' || r == '\'':
+			quote, inWord = r, true
+		case r == ' ' || r == '\t' || r == '\r':
+			if inWord {
+				words = append(words, word.String())
+				word.Reset()
+				inWord = false
+			}
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quote != 0 {
+		return nil, fmt.Errorf("unterminated quote in %q", line)
+	}
+	if inWord {
+		words = append(words, word.String())
+	}
+	return words, nil
+}
