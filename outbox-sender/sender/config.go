@@ -52,10 +52,13 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		PollInterval:   e.Duration("SENDER_POLL_INTERVAL", 200*time.Millisecond, time.Millisecond, time.Minute),
 		Lease:          e.Duration("SENDER_LEASE", 30*time.Second, time.Second, time.Hour),
 		RequestTimeout: e.Duration("SENDER_REQUEST_TIMEOUT", 5*time.Second, 10*time.Millisecond, 10*time.Minute),
-		MaxAttempts:    e.Int("SENDER_MAX_ATTEMPTS", 25, 1, 1000),
-		BackoffMin:     e.Duration("SENDER_BACKOFF_MIN", 500*time.Millisecond, time.Millisecond, time.Hour),
-		BackoffMax:     e.Duration("SENDER_BACKOFF_MAX", time.Minute, time.Millisecond, 24*time.Hour),
-		MaxAge:         e.Duration("SENDER_MAX_AGE", 72*time.Hour, time.Second, 10*365*24*time.Hour),
+		// SENDER_MAX_AGE is the retry horizon that matters; the attempt cap
+		// is a safety net, high enough that with the backoff cap the age
+		// limit is reached first (72h at 5m between attempts is ~860).
+		MaxAttempts: e.Int("SENDER_MAX_ATTEMPTS", 1000, 1, 1_000_000),
+		BackoffMin:  e.Duration("SENDER_BACKOFF_MIN", 500*time.Millisecond, time.Millisecond, time.Hour),
+		BackoffMax:  e.Duration("SENDER_BACKOFF_MAX", 5*time.Minute, time.Millisecond, 24*time.Hour),
+		MaxAge:      e.Duration("SENDER_MAX_AGE", 72*time.Hour, time.Second, 10*365*24*time.Hour),
 	}
 	crash, err := crashpoint.Parse(e.String("CRASH_POINT", ""), CrashAfterResponse)
 	e.Check(err == nil, "CRASH_POINT: %v", err)
