@@ -5,6 +5,7 @@
 package problem
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -73,13 +74,16 @@ func NotFound(what string) *Error {
 	return &Error{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: what + " does not exist"}
 }
 
-// Body renders the problem as JSON.
+// Body renders the problem as JSON. Characters such as & and < are sent as
+// they are: the body is JSON for API clients, not HTML.
 func (e *Error) Body() []byte {
-	b, err := json.Marshal(e)
-	if err != nil {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(e); err != nil {
 		panic("problem: marshal: " + err.Error()) // only strings and ints: cannot fail
 	}
-	return b
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // Write renders err. A *Error is sent as it is; anything else is logged with
