@@ -8,12 +8,15 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxref/outboxref/internal/web"
 )
 
 // Main runs the sender until ctx ends: the delivery loop, and a small admin
-// HTTP server with /healthz and /readyz.
+// HTTP server with /healthz, /readyz and /metrics.
 func Main(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return fmt.Errorf("unknown arguments %q: the sender takes none (Student's migrations are applied by \"student migrate\")", args)
@@ -40,9 +43,15 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	}
 	defer pool.Close()
 
+	s := New(log, pool, cfg)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s.Collectors()...)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
 	admin := chi.NewRouter()
 	admin.Get("/healthz", web.Healthz)
 	admin.Get("/readyz", web.Readyz(log, pool.Ping))
+	admin.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	adminErr := make(chan error, 1)
@@ -56,7 +65,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 
 	log.Info("sender starting", slog.String("users_url", cfg.UsersURL), slog.Int("batch_size", cfg.BatchSize),
 		slog.Int("concurrency", cfg.Concurrency), slog.Duration("lease", cfg.Lease))
-	runErr := New(log, pool, cfg).Run(ctx)
+	runErr := s.Run(ctx)
 	if err := <-adminErr; err != nil {
 		return fmt.Errorf("SENDER_ADMIN_ADDR=%s: %w", cfg.AdminAddr, err)
 	}

@@ -3,6 +3,8 @@ package sender
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +39,18 @@ func TestMainDeliversAndStops(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == 3
 	}, 10*time.Second, 10*time.Millisecond)
+
+	// The recording and the metric update happen together; the scrape may
+	// run a moment before the completer's batch counted, so wait for it.
+	require.Eventually(t, func() bool {
+		m := string(apitest.Do(t, http.MethodGet, "http://"+admin+"/metrics", "").Body)
+		return strings.Contains(m, `outbox_sender_results_total{verdict="delivered"} 3`)
+	}, 5*time.Second, 10*time.Millisecond)
+	m := string(apitest.Do(t, http.MethodGet, "http://"+admin+"/metrics", "").Body)
+	require.Contains(t, m, `outbox_rows{state="delivered"} 3`)
+	require.Contains(t, m, `outbox_rows{state="pending"} 0`)
+	require.Contains(t, m, "outbox_sender_claimed_total 3")
+	require.Contains(t, m, "outbox_oldest_pending_age_seconds 0")
 	require.NoError(t, stop())
 	require.Contains(t, logs.String(), `"msg":"sender stopped"`)
 }

@@ -38,11 +38,12 @@ import (
 
 // Sender delivers outbox rows. Create it with New and call Run.
 type Sender struct {
-	cfg    Config
-	log    *slog.Logger
-	pool   *pgxpool.Pool
-	q      *outboxdb.Queries
-	client *http.Client
+	cfg     Config
+	log     *slog.Logger
+	pool    *pgxpool.Pool
+	q       *outboxdb.Queries
+	client  *http.Client
+	metrics *metrics
 }
 
 // New returns a Sender on Student's database (pool) delivering to
@@ -52,7 +53,8 @@ func New(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Sender {
 	transport.MaxIdleConnsPerHost = cfg.Concurrency
 	return &Sender{
 		cfg: cfg, log: log, pool: pool, q: outboxdb.New(),
-		client: &http.Client{Transport: transport, Timeout: cfg.RequestTimeout},
+		client:  &http.Client{Transport: transport, Timeout: cfg.RequestTimeout},
+		metrics: newMetrics(),
 	}
 }
 
@@ -138,6 +140,7 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 		if err != nil && ctx.Err() == nil {
 			s.log.Error("claim outbox rows", slog.String("error", err.Error()))
 		}
+		s.metrics.claimed.Add(float64(len(rows)))
 		for _, row := range rows {
 			jobs <- row
 		}
@@ -171,6 +174,8 @@ func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", row.IdempotencyKey.String())
+	start := time.Now()
+	defer func() { s.metrics.duration.Observe(time.Since(start).Seconds()) }()
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return s.retryOrDie(row, fmt.Sprintf("POST /users: %v", err), 0)
@@ -309,6 +314,7 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 		releases                outboxdb.ReleaseParams
 	)
 	for _, r := range batch {
+		s.metrics.results.WithLabelValues(r.verdict.String()).Inc()
 		switch r.verdict {
 		case delivered:
 			linkStudents = append(linkStudents, r.row.StudentID)

@@ -464,7 +464,7 @@ func TestConfig(t *testing.T) {
 		{"SENDER_CONCURRENCY", "many"},
 		{"SENDER_USERS_URL", "users:8081"},
 		{"SENDER_LEASE", "2s"},
-		{"SENDER_BACKOFF_MIN", "2m"},
+		{"SENDER_BACKOFF_MIN", "10m"},
 		{"CRASH_POINT", "nowhere"},
 	} {
 		_, _, err := LoadConfig(env(bad...))

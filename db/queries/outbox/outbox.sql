@@ -70,7 +70,12 @@ SET available_at = now(), lease_token = NULL, claimed_by = NULL, attempts = GREA
 WHERE id = ANY(@ids::bigint[]) AND lease_token = ANY(@lease_tokens::uuid[]) AND state = 'pending';
 
 -- name: OutboxStats :one
+-- For /metrics: how much work waits, and how long the oldest has waited.
+-- The partial index keeps the pending side cheap; the totals are a full
+-- count, fine at scrape intervals for a reference system.
 SELECT count(*) FILTER (WHERE state = 'pending')   AS pending,
        count(*) FILTER (WHERE state = 'delivered') AS delivered,
-       count(*) FILTER (WHERE state = 'dead')      AS dead
+       count(*) FILTER (WHERE state = 'dead')      AS dead,
+       COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
+           AS oldest_pending_seconds
 FROM outbox;

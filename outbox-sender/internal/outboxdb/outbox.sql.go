@@ -182,20 +182,31 @@ func (q *Queries) MarkDelivered(ctx context.Context, db DBTX, ids []int64) (int6
 const outboxStats = `-- name: OutboxStats :one
 SELECT count(*) FILTER (WHERE state = 'pending')   AS pending,
        count(*) FILTER (WHERE state = 'delivered') AS delivered,
-       count(*) FILTER (WHERE state = 'dead')      AS dead
+       count(*) FILTER (WHERE state = 'dead')      AS dead,
+       COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
+           AS oldest_pending_seconds
 FROM outbox
 `
 
 type OutboxStatsRow struct {
-	Pending   int64
-	Delivered int64
-	Dead      int64
+	Pending              int64
+	Delivered            int64
+	Dead                 int64
+	OldestPendingSeconds float64
 }
 
+// For /metrics: how much work waits, and how long the oldest has waited.
+// The partial index keeps the pending side cheap; the totals are a full
+// count, fine at scrape intervals for a reference system.
 func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (OutboxStatsRow, error) {
 	row := db.QueryRow(ctx, outboxStats)
 	var i OutboxStatsRow
-	err := row.Scan(&i.Pending, &i.Delivered, &i.Dead)
+	err := row.Scan(
+		&i.Pending,
+		&i.Delivered,
+		&i.Dead,
+		&i.OldestPendingSeconds,
+	)
 	return i, err
 }
 
