@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
@@ -22,25 +24,31 @@ import (
 	"github.com/outboxref/outboxref/services/users/usersvc"
 )
 
-// TestWholeFlow runs Student, Users and the sender in one process on two
-// real databases: 200 students posted at once all end linked, each to its
-// own user, with one inbox row per operation.
-func TestWholeFlow(t *testing.T) {
-	t.Parallel()
-	quiet := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	studentPool := pgtest.Pool(t, migrations.Student)
-	usersPool := pgtest.Pool(t, migrations.Users)
-	student := httptest.NewServer(studentsvc.NewServer(quiet, studentPool, studentsvc.Config{}).Routes())
-	t.Cleanup(student.Close)
-	users := httptest.NewServer(usersvc.NewServer(quiet, usersPool, usersvc.Config{}).Routes())
-	t.Cleanup(users.Close)
+// flow is Student and Users in one process, each on its own database.
+type flow struct {
+	studentPool, usersPool *pgxpool.Pool
+	student                *httptest.Server
+	users                  http.Handler
+}
 
-	const n = 200
+func newFlow(t *testing.T) flow {
+	t.Helper()
+	quiet := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	f := flow{studentPool: pgtest.Pool(t, migrations.Student), usersPool: pgtest.Pool(t, migrations.Users)}
+	f.student = httptest.NewServer(studentsvc.NewServer(quiet, f.studentPool, studentsvc.Config{}).Routes())
+	t.Cleanup(f.student.Close)
+	f.users = usersvc.NewServer(quiet, f.usersPool, usersvc.Config{}).Routes()
+	return f
+}
+
+// postStudents creates n students at once through Student's API.
+func (f flow) postStudents(t *testing.T, n int) []uuid.UUID {
+	t.Helper()
 	var wg sync.WaitGroup
 	ids := make([]uuid.UUID, n)
 	for i := range n {
 		wg.Go(func() {
-			res := apitest.Do(t, http.MethodPost, student.URL+"/students",
+			res := apitest.Do(t, http.MethodPost, f.student.URL+"/students",
 				fmt.Sprintf(`{"name":"Student %d","email":"s%d@example.com","document_number":"doc-%04d"}`, i, i, i))
 			require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
 			var st studentsvc.Student
@@ -50,21 +58,44 @@ func TestWholeFlow(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	return ids
+}
 
+func (f flow) runSender(t *testing.T, usersURL string) (stop func()) {
+	t.Helper()
+	quiet := slog.New(slog.NewJSONHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- sender.New(quiet, studentPool, sender.Config{
-			UsersURL: users.URL, ID: "flow", BatchSize: 50, Concurrency: 16, PollInterval: 20 * time.Millisecond,
-			Lease: 30 * time.Second, RequestTimeout: 5 * time.Second, MaxAttempts: 10,
-			BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond, MaxAge: time.Hour,
+		done <- sender.New(quiet, f.studentPool, sender.Config{
+			UsersURL: usersURL, ID: "flow", BatchSize: 50, Concurrency: 16, PollInterval: 20 * time.Millisecond,
+			Lease: 30 * time.Second, RequestTimeout: 5 * time.Second, MaxAttempts: 1000,
+			BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, MaxAge: time.Hour,
 		}).Run(ctx)
 	}()
+	return func() {
+		cancel()
+		require.NoError(t, <-done)
+	}
+}
+
+// TestWholeFlow runs Student, Users and the sender in one process on two
+// real databases: 200 students posted at once all end linked, each to its
+// own user, with one inbox row per operation.
+func TestWholeFlow(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t)
+	users := httptest.NewServer(f.users)
+	t.Cleanup(users.Close)
+	studentPool, usersPool, student := f.studentPool, f.usersPool, f.student
+
+	const n = 200
+	ids := f.postStudents(t, n)
+	stop := f.runSender(t, users.URL)
 	require.Eventually(t, func() bool {
 		return apitest.Count(t, studentPool, "SELECT count(*) FROM students WHERE user_id IS NOT NULL") == n
 	}, 60*time.Second, 20*time.Millisecond, "every student linked")
-	cancel()
-	require.NoError(t, <-done)
+	stop()
 
 	require.Equal(t, n, apitest.Count(t, usersPool, "SELECT count(*) FROM users"))
 	require.Equal(t, n, apitest.Count(t, usersPool, "SELECT count(*) FROM inbox WHERE status_code = 201"))
@@ -100,4 +131,41 @@ func TestWholeFlow(t *testing.T) {
 	require.Equal(t, studentsvc.StateLinked, st.Provisioning.State)
 	res := apitest.Do(t, http.MethodGet, users.URL+"/users/"+st.UserID.String(), "")
 	require.Equal(t, http.StatusOK, res.Status)
+}
+
+// TestUsersOutage: with Users down, students stay pending while their
+// attempts rise and their last error says why; once Users is back on the
+// same address every one of them links, to exactly one user each.
+func TestUsersOutage(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t)
+	addr := apitest.FreeAddr(t) // nothing listens here yet
+	const n = 100
+	f.postStudents(t, n)
+	stop := f.runSender(t, "http://"+addr)
+
+	require.Eventually(t, func() bool {
+		return apitest.Count(t, f.studentPool, "SELECT count(*) FROM outbox WHERE attempts >= 3") == n
+	}, 30*time.Second, 20*time.Millisecond, "attempts rise while Users is down")
+	require.Zero(t, apitest.Count(t, f.studentPool, "SELECT count(*) FROM students WHERE user_id IS NOT NULL"))
+	require.Zero(t, apitest.Count(t, f.studentPool, "SELECT count(*) FROM outbox WHERE state <> 'pending'"), "nothing gives up")
+	var page studentsvc.Page
+	apitest.Do(t, http.MethodGet, f.student.URL+"/students?limit=1", "").JSON(t, &page)
+	st := page.Items[0]
+	require.Equal(t, studentsvc.StatePending, st.Provisioning.State)
+	require.GreaterOrEqual(t, st.Provisioning.Attempts, 3)
+	require.Contains(t, *st.Provisioning.LastError, "connection refused")
+
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err, "Users comes back on the same address")
+	users := &http.Server{Handler: f.users, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = users.Serve(ln) }()
+	t.Cleanup(func() { _ = users.Close() })
+
+	require.Eventually(t, func() bool {
+		return apitest.Count(t, f.studentPool, "SELECT count(*) FROM students WHERE user_id IS NOT NULL") == n
+	}, 30*time.Second, 20*time.Millisecond, "every student links once Users is back")
+	stop()
+	require.Equal(t, n, apitest.Count(t, f.usersPool, "SELECT count(*) FROM users"))
+	require.Equal(t, n, apitest.Count(t, f.studentPool, "SELECT count(DISTINCT user_id) FROM students"))
 }
