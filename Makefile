@@ -32,3 +32,8 @@ build:
 	CGO_ENABLED=0 $(GO) build -o bin/ ./services/student ./services/users ./outbox-sender
 
 ci: fmt-check vet check-generated test
+
+## bench: sender throughput against its one-row-at-a-time baseline, on a
+## throwaway PostgreSQL; prints every round and the medians.
+bench:
+	$(GO) run ./internal/cmd/withpostgres -- $(GO) run ./internal/cmd/benchsender
