@@ -44,6 +44,15 @@ func (r *Reader) String(name, def string) string {
 	return def
 }
 
+// OneOf returns the variable, which must be one of options.
+func (r *Reader) OneOf(name, def string, options ...string) string {
+	v := r.String(name, def)
+	if !slices.Contains(options, v) {
+		r.fail(name, v, fmt.Sprintf("want one of %v", options))
+	}
+	return v
+}
+
 // URL returns the variable, which must parse as an absolute URL with one of
 // the given schemes.
 func (r *Reader) URL(name, def string, schemes ...string) string {

@@ -108,13 +108,10 @@ func New(pool *pgxpool.Pool) *Inbox {
 // nothing. A repeat with a different fingerprint is a 422 problem naming the
 // fields that differ. A request arriving while another with the same key is
 // still in its transaction waits for that transaction (Postgres' unique
-// index does the waiting) and then replays its outcome.
+// index does the waiting) and then replays its outcome; if the wait exceeds
+// LockTimeout the answer is 409 with Retry-After.
 func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Outcome, replayed bool, err error) {
-	err = pgx.BeginFunc(ctx, ib.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
-			fmt.Sprintf("%dms", ib.LockTimeout.Milliseconds())); err != nil {
-			return fmt.Errorf("set lock timeout: %w", err)
-		}
+	err = ib.tx(ctx, func(tx pgx.Tx) error {
 		_, err := ib.q.ClaimKey(ctx, tx, inboxdb.ClaimKeyParams{
 			IdempotencyKey: key, RequestHash: req.Fingerprint(), Request: req.canonical(),
 		})
@@ -123,6 +120,12 @@ func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Ou
 			out, err = ib.replay(ctx, tx, key, req)
 			replayed = err == nil
 			return err
+		case isLockTimeout(err):
+			return &problem.Error{
+				Type: problem.TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict,
+				Detail:     "another request with this Idempotency-Key is still being processed; retry later",
+				RetryAfter: time.Second,
+			}
 		case err != nil:
 			return fmt.Errorf("claim idempotency key: %w", err)
 		}
@@ -139,15 +142,44 @@ func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Ou
 		}
 		return nil
 	})
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
-		return Outcome{}, false, &problem.Error{
-			Type: problem.TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict,
-			Detail:     "another request with this Idempotency-Key is still being processed; retry later",
+	return out, replayed, err
+}
+
+// Once runs op in a transaction without a key: each call is a new
+// operation. Lock waits are bounded as in Do.
+func (ib *Inbox) Once(ctx context.Context, op Op) (out Outcome, err error) {
+	err = ib.tx(ctx, func(tx pgx.Tx) error {
+		out, err = op(ctx, tx)
+		return err
+	})
+	return out, err
+}
+
+// tx runs fn in a transaction whose lock waits end after LockTimeout. A wait
+// that times out anywhere but on the key (another request inserting the
+// same document number, say) is a 503 with Retry-After: nothing is wrong
+// with the request, it just could not be decided in time.
+func (ib *Inbox) tx(ctx context.Context, fn func(pgx.Tx) error) error {
+	err := pgx.BeginFunc(ctx, ib.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
+			fmt.Sprintf("%dms", ib.LockTimeout.Milliseconds())); err != nil {
+			return fmt.Errorf("set lock timeout: %w", err)
+		}
+		return fn(tx)
+	})
+	if isLockTimeout(err) {
+		return &problem.Error{
+			Type: problem.TypeUnavailable, Title: "Busy", Status: http.StatusServiceUnavailable,
+			Detail:     "a conflicting request is still being processed; retry later",
 			RetryAfter: time.Second,
 		}
 	}
-	return out, replayed, err
+	return err
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
 func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key string, req Request) (Outcome, error) {
@@ -181,12 +213,12 @@ func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key string, req Request)
 	return Outcome{Status: int(row.StatusCode.Int32), Body: []byte(row.ResponseBody.String), ResourceID: row.ResourceID.UUID}, nil
 }
 
-// Purge deletes inbox rows created before cutoff, batch rows per statement,
+// Purge deletes inbox rows older than retention, batch rows per statement,
 // and returns how many it deleted.
-func (ib *Inbox) Purge(ctx context.Context, cutoff time.Time, batch int) (int64, error) {
+func (ib *Inbox) Purge(ctx context.Context, retention time.Duration, batch int) (int64, error) {
 	var total int64
 	for {
-		n, err := ib.q.PurgeBefore(ctx, ib.pool, inboxdb.PurgeBeforeParams{Cutoff: cutoff, BatchSize: int32(batch)})
+		n, err := ib.q.PurgeOlderThan(ctx, ib.pool, inboxdb.PurgeOlderThanParams{Retention: retention, BatchSize: int32(batch)})
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("purge inbox: %w", err)
@@ -202,7 +234,7 @@ func (ib *Inbox) PurgeLoop(ctx context.Context, log *slog.Logger, retention, int
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		n, err := ib.Purge(ctx, time.Now().Add(-retention), 1000)
+		n, err := ib.Purge(ctx, retention, 1000)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			log.Error("inbox purge failed", slog.String("error", err.Error()))

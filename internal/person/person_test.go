@@ -41,6 +41,8 @@ func TestDecode(t *testing.T) {
 		{name: "not an object", body: `[1,2]`, status: 400, fields: []string{"body"}},
 		{name: "trailing data", body: ok + `{}`, status: 400, fields: []string{"body"}},
 		{name: "unknown field", body: `{"name":"A","email":"a@b.co","document_number":"123","admin":true}`, status: 400, fields: []string{"admin"}},
+		{name: "known name in another case", body: `{"NAME":"A","email":"a@b.co","document_number":"123"}`, status: 400, fields: []string{"NAME"}},
+		{name: "field given twice", body: `{"name":"A","email":"a@b.co","document_number":"123","name":"B"}`, status: 400, fields: []string{"name"}},
 		{name: "wrong type", body: `{"name":42,"email":"a@b.co","document_number":"123"}`, status: 400, fields: []string{"name"}},
 		{name: "all missing", body: `{}`, status: 400, fields: []string{"name", "email", "document_number"}},
 		{name: "null is missing", body: `{"name":null,"email":"a@b.co","document_number":"123"}`, status: 400, fields: []string{"name"}},

@@ -20,13 +20,15 @@ const ContentType = "application/problem+json"
 // Type URIs, relative references documented in the README. Clients compare
 // them as strings; the title is for humans.
 const (
-	TypeValidation          = "/problems/validation"
-	TypeNotFound            = "/problems/not-found"
-	TypeIdempotencyMismatch = "/problems/idempotency-key-reused"
-	TypeIdempotencyBusy     = "/problems/idempotency-key-in-progress"
-	TypeDocumentTaken       = "/problems/document-number-taken"
-	TypeInternal            = "/problems/internal"
-	TypeUnavailable         = "/problems/unavailable"
+	TypeValidation           = "/problems/validation"
+	TypeNotFound             = "/problems/not-found"
+	TypeMethodNotAllowed     = "/problems/method-not-allowed"
+	TypeUnsupportedMediaType = "/problems/unsupported-media-type"
+	TypeIdempotencyMismatch  = "/problems/idempotency-key-reused"
+	TypeIdempotencyBusy      = "/problems/idempotency-key-in-progress"
+	TypeDocumentTaken        = "/problems/document-number-taken"
+	TypeInternal             = "/problems/internal"
+	TypeUnavailable          = "/problems/unavailable"
 )
 
 // FieldError names one input field and what is wrong with it.

@@ -4,6 +4,7 @@
 package web
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,8 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,32 +35,82 @@ func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
 }
 
-// DecodeJSON reads one JSON object from the body into dst. Unknown fields,
-// trailing data, wrong types and oversized bodies are problems naming the
-// field (or "body" when no field is to blame).
+// DecodeJSON reads one JSON object from the body into dst, a pointer to a
+// struct. Unknown fields (including a known name in another case, which
+// encoding/json would quietly accept), repeated fields, trailing data, wrong
+// types and oversized bodies are problems naming the field (or "body" when
+// no field is to blame).
 func DecodeJSON(w http.ResponseWriter, r *http.Request, dst any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
 			return &problem.Error{
-				Type: problem.TypeValidation, Title: "Unsupported media type",
+				Type: problem.TypeUnsupportedMediaType, Title: "Unsupported media type",
 				Status: http.StatusUnsupportedMediaType, Detail: "send the body as application/json",
 			}
 		}
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		return decodeProblem(err)
+	}
+	if err := checkKeys(body, jsonNames(dst)); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(dst); err != nil {
 		return decodeProblem(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var maxErr *http.MaxBytesError
-		if errors.As(err, &maxErr) {
-			return decodeProblem(err)
-		}
 		return problem.Field("body", "unexpected data after the JSON object")
 	}
 	return nil
+}
+
+// checkKeys walks the top level of a JSON object and rejects any key that
+// is not exactly one of names, and any key given twice. Anything that is not
+// an object is left to the decoder, which reports it precisely.
+func checkKeys(body []byte, names []string) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		key, _ := tok.(string)
+		switch {
+		case !slices.Contains(names, key):
+			return problem.Field(key, "unknown field")
+		case seen[key]:
+			return problem.Field(key, "given more than once")
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// jsonNames lists the JSON names of the fields of the struct dst points to.
+func jsonNames(dst any) []string {
+	t := reflect.TypeOf(dst).Elem()
+	names := make([]string, 0, t.NumField())
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" {
+			name = f.Name
+		}
+		if name != "-" {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 func decodeProblem(err error) error {
@@ -80,10 +133,6 @@ func decodeProblem(err error) error {
 			return problem.Field("body", "want a JSON object")
 		}
 		return problem.Field(typeErr.Field, "want a "+jsonKind(typeErr.Type.Kind().String()))
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		// encoding/json has no typed error for this case.
-		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return problem.Field(name, "unknown field")
 	}
 	return problem.Field("body", "malformed JSON")
 }
@@ -135,6 +184,23 @@ func Handle(log *slog.Logger, h HandlerFunc) http.HandlerFunc {
 			problem.Write(w, r, log, err)
 		}
 	}
+}
+
+// NotFound and MethodNotAllowed answer unknown routes with problem details,
+// like every other error.
+func NotFound(w http.ResponseWriter, r *http.Request) {
+	problem.Write(w, r, slog.Default(), &problem.Error{
+		Type: problem.TypeNotFound, Title: "Not found", Status: http.StatusNotFound,
+		Detail: "no route for " + r.Method + " " + r.URL.Path,
+	})
+}
+
+// MethodNotAllowed is NotFound's twin for a known path.
+func MethodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	problem.Write(w, r, slog.Default(), &problem.Error{
+		Type: problem.TypeMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
+		Detail: r.Method + " is not supported on " + r.URL.Path,
+	})
 }
 
 // Healthz answers 200 while the process is up.
@@ -226,16 +292,4 @@ func Serve(ctx context.Context, log *slog.Logger, srv *http.Server, ln net.Liste
 		return fmt.Errorf("serve http: %w", err)
 	}
 	return nil
-}
-
-// MigrateArg reads a binary's arguments: none to serve, or "migrate" to
-// apply the migrations and exit.
-func MigrateArg(args []string) (bool, error) {
-	switch {
-	case len(args) == 0:
-		return false, nil
-	case len(args) == 1 && args[0] == "migrate":
-		return true, nil
-	}
-	return false, fmt.Errorf("unknown arguments %q: want none, or \"migrate\"", args)
 }

@@ -46,7 +46,7 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		UsersURL:       e.URL("SENDER_USERS_URL", "http://localhost:8081", "http", "https"),
 		AdminAddr:      e.String("SENDER_ADMIN_ADDR", ":8082"),
 		ID:             e.String("SENDER_ID", fmt.Sprintf("%s-%d", host, os.Getpid())),
-		LogLevel:       e.String("LOG_LEVEL", "info"),
+		LogLevel:       e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		BatchSize:      e.Int("SENDER_BATCH_SIZE", 100, 1, 10000),
 		Concurrency:    e.Int("SENDER_CONCURRENCY", 32, 1, 1024),
 		PollInterval:   e.Duration("SENDER_POLL_INTERVAL", 200*time.Millisecond, time.Millisecond, time.Minute),

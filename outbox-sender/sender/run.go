@@ -49,6 +49,8 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	admin := chi.NewRouter()
+	admin.NotFound(web.NotFound)
+	admin.MethodNotAllowed(web.MethodNotAllowed)
 	admin.Get("/healthz", web.Healthz)
 	admin.Get("/readyz", web.Readyz(log, pool.Ping))
 	admin.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

@@ -24,13 +24,14 @@ WHERE idempotency_key = @idempotency_key;
 -- name: CountReplay :exec
 UPDATE inbox SET replays = replays + 1 WHERE idempotency_key = @idempotency_key;
 
--- name: PurgeBefore :execrows
+-- name: PurgeOlderThan :execrows
 -- Deletes at most batch_size rows per call, so the purge never holds long
--- locks or writes a huge transaction.
+-- locks or writes a huge transaction. Age is measured by the database's
+-- clock, the one that wrote created_at.
 DELETE FROM inbox
 WHERE idempotency_key IN (
     SELECT old.idempotency_key FROM inbox old
-    WHERE old.created_at < @cutoff::timestamptz
+    WHERE old.created_at < now() - @retention::interval
     ORDER BY old.created_at
     LIMIT @batch_size
 );

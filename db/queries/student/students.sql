@@ -18,8 +18,11 @@ LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'
 WHERE s.id = @id;
 
 -- name: ListStudents :many
--- Keyset pagination over (created_at, id): stable under concurrent inserts
--- and as fast on page 1,000 as on page 1.
+-- Keyset pagination over (created_at, id): no repeats or gaps among the
+-- rows that existed when paging began, and as fast on page 1,000 as on
+-- page 1. created_at is the inserting transaction's start, so a student
+-- committed after a client paged past that time is not shown to that
+-- client; a feed that must miss nothing would page by commit order.
 SELECT s.id, s.name, s.email, s.document_number, s.user_id, s.created_at, s.updated_at,
        o.state AS outbox_state, o.attempts, o.last_error
 FROM students s

@@ -7,10 +7,10 @@ package inboxdb
 
 import (
 	"context"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
+	"time"
 )
 
 const claimKey = `-- name: ClaimKey :one
@@ -71,25 +71,26 @@ func (q *Queries) GetKey(ctx context.Context, db DBTX, idempotencyKey string) (I
 	return i, err
 }
 
-const purgeBefore = `-- name: PurgeBefore :execrows
+const purgeOlderThan = `-- name: PurgeOlderThan :execrows
 DELETE FROM inbox
 WHERE idempotency_key IN (
     SELECT old.idempotency_key FROM inbox old
-    WHERE old.created_at < $1::timestamptz
+    WHERE old.created_at < now() - $1::interval
     ORDER BY old.created_at
     LIMIT $2
 )
 `
 
-type PurgeBeforeParams struct {
-	Cutoff    time.Time
+type PurgeOlderThanParams struct {
+	Retention time.Duration
 	BatchSize int32
 }
 
 // Deletes at most batch_size rows per call, so the purge never holds long
-// locks or writes a huge transaction.
-func (q *Queries) PurgeBefore(ctx context.Context, db DBTX, arg PurgeBeforeParams) (int64, error) {
-	result, err := db.Exec(ctx, purgeBefore, arg.Cutoff, arg.BatchSize)
+// locks or writes a huge transaction. Age is measured by the database's
+// clock, the one that wrote created_at.
+func (q *Queries) PurgeOlderThan(ctx context.Context, db DBTX, arg PurgeOlderThanParams) (int64, error) {
+	result, err := db.Exec(ctx, purgeOlderThan, arg.Retention, arg.BatchSize)
 	if err != nil {
 		return 0, err
 	}

@@ -25,8 +25,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	c := Config{
 		HTTPAddr:       e.String("STUDENT_HTTP_ADDR", ":8080"),
 		DatabaseURL:    e.URL("STUDENT_DATABASE_URL", "postgres://postgres@localhost:5432/student?sslmode=disable", "postgres", "postgresql"),
-		LogLevel:       e.String("LOG_LEVEL", "info"),
-		KeyWait:        e.Duration("STUDENT_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, time.Minute),
+		LogLevel:       e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
+		KeyWait:        e.Duration("STUDENT_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, 20*time.Second),
 		InboxRetention: e.Duration("STUDENT_INBOX_RETENTION", 24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		PurgeInterval:  e.Duration("STUDENT_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
 	}

@@ -51,9 +51,7 @@ type Server struct {
 // NewServer returns a Server on pool's database.
 func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
 	ib := inbox.New(pool)
-	if cfg.KeyWait > 0 {
-		ib.LockTimeout = cfg.KeyWait
-	}
+	ib.LockTimeout = cfg.KeyWait
 	return &Server{log: log, pool: pool, q: studentdb.New(), inbox: ib}
 }
 
@@ -61,6 +59,8 @@ func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
 func (s *Server) Routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer, web.LogRequests(s.log))
+	r.NotFound(web.NotFound)
+	r.MethodNotAllowed(web.MethodNotAllowed)
 	r.Get("/healthz", web.Healthz)
 	r.Get("/readyz", web.Readyz(s.log, s.pool.Ping))
 	r.Post("/students", web.Handle(s.log, s.createStudent))
@@ -108,16 +108,9 @@ type Page struct {
 type outboxPayload = person.Person
 
 func (s *Server) createStudent(w http.ResponseWriter, r *http.Request) error {
-	var (
-		key    string
-		hasKey = r.Header.Get("Idempotency-Key") != ""
-	)
-	if hasKey {
-		k, err := inbox.ParseKey(r.Header.Get("Idempotency-Key"))
-		if err != nil {
-			return problem.Field("Idempotency-Key", err.Error())
-		}
-		key = k
+	key, hasKey, err := inbox.HeaderKey(r.Header)
+	if err != nil {
+		return problem.Field("Idempotency-Key", err.Error())
 	}
 	p, err := person.Decode(w, r)
 	if err != nil {
@@ -132,11 +125,7 @@ func (s *Server) createStudent(w http.ResponseWriter, r *http.Request) error {
 	if hasKey {
 		out, replayed, err = s.inbox.Do(r.Context(), key, p.Request(), op)
 	} else {
-		// Without a key each request is a new operation.
-		err = pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
-			out, err = op(r.Context(), tx)
-			return err
-		})
+		out, err = s.inbox.Once(r.Context(), op) // without a key each request is a new operation
 	}
 	if err != nil {
 		return err
@@ -299,6 +288,11 @@ func parseCursor(s string) (cursor, error) {
 	micros, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil {
 		return cursor{}, err
+	}
+	// Cursors we issue hold times from 1970 to 9999; anything else would
+	// only reach the database to fail there as out of range.
+	if micros < 0 || micros >= 253402300800000000 {
+		return cursor{}, errors.New("time out of range")
 	}
 	u, err := uuid.Parse(id)
 	if err != nil {

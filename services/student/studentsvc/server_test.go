@@ -2,6 +2,7 @@ package studentsvc
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -133,7 +134,7 @@ func TestCreateStudentRejectsBadInputAndWritesNothing(t *testing.T) {
 			require.Equal(t, tt.fields, res.Problem(t).Fields())
 		})
 	}
-	huge := `{"name":"` + string(make([]byte, 20<<10)) + `"}`
+	huge := `{"name":"` + strings.Repeat("a", 20<<10) + `"}`
 	res := e.create(t, huge)
 	require.Equal(t, http.StatusBadRequest, res.Status)
 	require.Equal(t, []string{"body"}, res.Problem(t).Fields())
@@ -141,6 +142,27 @@ func TestCreateStudentRejectsBadInputAndWritesNothing(t *testing.T) {
 	require.Equal(t, 0, e.count(t, "students"))
 	require.Equal(t, 0, e.count(t, "outbox"))
 	require.Equal(t, 0, e.count(t, "inbox"))
+}
+
+// TestDocumentNumberWaitWithoutKey: even without a key, waiting on another
+// request's uncommitted student with the same document number is bounded.
+func TestDocumentNumberWaitWithoutKey(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	s := NewServer(slog.New(slog.NewJSONHandler(io.Discard, nil)), pool, Config{KeyWait: 200 * time.Millisecond})
+	ts := httptest.NewServer(s.Routes())
+	t.Cleanup(ts.Close)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `INSERT INTO students (id, name, email, document_number) VALUES (gen_random_uuid(), 'X', 'x@example.com', '111-1')`)
+	require.NoError(t, err)
+
+	res := apitest.Do(t, http.MethodPost, ts.URL+"/students", ada)
+	require.Equal(t, http.StatusServiceUnavailable, res.Status, "%s", res.Body)
+	require.Equal(t, problem.TypeUnavailable, res.Problem(t).Type)
+	require.Equal(t, "1", res.Header.Get("Retry-After"))
 }
 
 func TestDocumentNumberTaken(t *testing.T) {
@@ -296,6 +318,10 @@ func TestListStudentsPaginates(t *testing.T) {
 	res = apitest.Do(t, http.MethodGet, e.url+"/students?page=2", "")
 	require.Equal(t, http.StatusBadRequest, res.Status)
 	require.Equal(t, []string{"page"}, res.Problem(t).Fields())
+	future := base64.RawURLEncoding.EncodeToString([]byte("-300000000000000000," + uuid.NewString()))
+	res = apitest.Do(t, http.MethodGet, e.url+"/students?cursor="+future, "")
+	require.Equal(t, http.StatusBadRequest, res.Status, "%s", res.Body)
+	require.Equal(t, []string{"cursor"}, res.Problem(t).Fields())
 	res = apitest.Do(t, http.MethodGet, e.url+"/students?cursor=bm9wZQ", "")
 	require.Equal(t, http.StatusBadRequest, res.Status)
 	require.Equal(t, []string{"cursor"}, res.Problem(t).Fields())

@@ -32,10 +32,10 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	c := Config{
 		HTTPAddr:       e.String("USERS_HTTP_ADDR", ":8081"),
 		DatabaseURL:    e.URL("USERS_DATABASE_URL", "postgres://postgres@localhost:5432/users?sslmode=disable", "postgres", "postgresql"),
-		LogLevel:       e.String("LOG_LEVEL", "info"),
+		LogLevel:       e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		InboxRetention: e.Duration("USERS_INBOX_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		PurgeInterval:  e.Duration("USERS_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
-		KeyWait:        e.Duration("USERS_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, time.Minute),
+		KeyWait:        e.Duration("USERS_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, 20*time.Second),
 	}
 	crash, err := crashpoint.Parse(e.String("CRASH_POINT", ""), CrashAfterCommit)
 	e.Check(err == nil, "CRASH_POINT: %v", err)

@@ -2,50 +2,30 @@ package usersvc
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/web"
+	"github.com/outboxref/outboxref/internal/lifecycle"
 )
 
-// Run runs Users until ctx ends. args may be ["migrate"], which applies
-// Users' migrations and returns.
+// Run runs Users until ctx ends: the API and the inbox purge loop. With
+// args ["migrate"] it applies Users' migrations and returns.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, _, err := LoadConfig(getenv)
 	if err != nil {
 		return err
 	}
-	log, err := web.NewLogger(stdout, cfg.LogLevel)
-	if err != nil {
-		return err
-	}
-	log = log.With(slog.String("service", "users"))
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("connect to database: %w", err)
-	}
-	defer pool.Close()
-	if migrate, err := web.MigrateArg(args); err != nil || migrate {
-		if err != nil {
-			return err
-		}
-		return migrations.Up(ctx, pool, migrations.Users)
-	}
-
-	s := NewServer(log, pool, cfg)
-	purgeCtx, stopPurge := context.WithCancel(ctx)
-	purged := make(chan struct{})
-	go func() {
-		defer close(purged)
-		s.inbox.PurgeLoop(purgeCtx, log, cfg.InboxRetention, cfg.PurgeInterval)
-	}()
-	defer func() { stopPurge(); <-purged }()
-	if err := web.ListenAndServe(ctx, log, cfg.HTTPAddr, s.Routes()); err != nil {
-		return fmt.Errorf("USERS_HTTP_ADDR=%s: %w", cfg.HTTPAddr, err)
-	}
-	return nil
+	return lifecycle.Service{
+		Name: "users", Migrations: migrations.Users, DatabaseURL: cfg.DatabaseURL,
+		HTTPAddr: cfg.HTTPAddr, AddrVar: "USERS_HTTP_ADDR", LogLevel: cfg.LogLevel,
+		Start: func(log *slog.Logger, pool *pgxpool.Pool) (http.Handler, []func(context.Context)) {
+			s := NewServer(log, pool, cfg)
+			purge := func(ctx context.Context) { s.inbox.PurgeLoop(ctx, log, cfg.InboxRetention, cfg.PurgeInterval) }
+			return s.Routes(), []func(context.Context){purge}
+		},
+	}.Run(ctx, args, stdout)
 }

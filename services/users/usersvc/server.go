@@ -38,9 +38,7 @@ type Server struct {
 // NewServer returns a Server on pool's database.
 func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
 	ib := inbox.New(pool)
-	if cfg.KeyWait > 0 {
-		ib.LockTimeout = cfg.KeyWait
-	}
+	ib.LockTimeout = cfg.KeyWait
 	return &Server{log: log, pool: pool, q: usersdb.New(), inbox: ib, crash: cfg.Crash}
 }
 
@@ -48,6 +46,8 @@ func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
 func (s *Server) Routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer, web.LogRequests(s.log))
+	r.NotFound(web.NotFound)
+	r.MethodNotAllowed(web.MethodNotAllowed)
 	r.Get("/healthz", web.Healthz)
 	r.Get("/readyz", web.Readyz(s.log, s.pool.Ping))
 	r.Post("/users", web.Handle(s.log, s.createUser))
@@ -73,7 +73,10 @@ type User struct {
 }
 
 func (s *Server) createUser(w http.ResponseWriter, r *http.Request) error {
-	key, err := inbox.ParseKey(r.Header.Get("Idempotency-Key"))
+	key, present, err := inbox.HeaderKey(r.Header)
+	if !present {
+		err = inbox.ErrNoKey
+	}
 	if err != nil {
 		return problem.Field("Idempotency-Key", err.Error())
 	}

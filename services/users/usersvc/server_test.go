@@ -255,6 +255,7 @@ func TestKeyInProgress(t *testing.T) {
 	ctx := context.Background()
 	tx, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) }) // a failed assertion must not leave the pool unclosable
 	_, err = tx.Exec(ctx, `INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('busy', '\x00', '{}')`)
 	require.NoError(t, err)
 
@@ -268,6 +269,51 @@ func TestKeyInProgress(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, http.StatusCreated, e.create(t, "busy", ada).Status)
 	require.Equal(t, 1, e.count(t, "users"))
+}
+
+// TestDocumentNumberWait: a new key whose document number another request
+// is inserting right now waits for it; past the wait it is a 503 with
+// Retry-After (transient for the sender), not a claim about the key.
+func TestDocumentNumberWait(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{KeyWait: 200 * time.Millisecond})
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `INSERT INTO users (id, name, email, document_number) VALUES (gen_random_uuid(), 'X', 'x@example.com', '111-1')`)
+	require.NoError(t, err)
+
+	res := e.create(t, "waits", ada)
+	require.Equal(t, http.StatusServiceUnavailable, res.Status, "%s", res.Body)
+	require.Equal(t, problem.TypeUnavailable, res.Problem(t).Type)
+	require.Equal(t, "1", res.Header.Get("Retry-After"))
+	require.Equal(t, 0, e.count(t, "inbox"), "nothing is stored: the retry decides")
+
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, http.StatusCreated, e.create(t, "waits", ada).Status)
+}
+
+func TestTwoKeyHeadersAreRejected(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	res := apitest.Do(t, http.MethodPost, e.url+"/users", ada, "Idempotency-Key", "a", "Idempotency-Key", "b")
+	require.Equal(t, http.StatusBadRequest, res.Status)
+	p := res.Problem(t)
+	require.Equal(t, []string{"Idempotency-Key"}, p.Fields())
+	require.Contains(t, p.Detail, "one Idempotency-Key header, not 2")
+	require.Equal(t, 0, e.count(t, "inbox"))
+}
+
+func TestUnknownRoutesAreProblems(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	res := apitest.Do(t, http.MethodGet, e.url+"/nope", "")
+	require.Equal(t, http.StatusNotFound, res.Status)
+	require.Equal(t, problem.TypeNotFound, res.Problem(t).Type)
+	res = apitest.Do(t, http.MethodDelete, e.url+"/users", "")
+	require.Equal(t, http.StatusMethodNotAllowed, res.Status)
+	require.Equal(t, problem.TypeMethodNotAllowed, res.Problem(t).Type)
 }
 
 func TestGetUserErrors(t *testing.T) {
@@ -306,7 +352,7 @@ func TestInboxPurge(t *testing.T) {
 		"UPDATE inbox SET created_at = now() - interval '8 days' WHERE idempotency_key IN ('k-0','k-1','k-2','k-3','k-4')")
 	require.NoError(t, err)
 
-	n, err := e.srv.inbox.Purge(context.Background(), time.Now().Add(-7*24*time.Hour), 2)
+	n, err := e.srv.inbox.Purge(context.Background(), 7*24*time.Hour, 2)
 	require.NoError(t, err)
 	require.EqualValues(t, 5, n, "three batches of at most two")
 	require.Equal(t, 2, e.count(t, "inbox"))

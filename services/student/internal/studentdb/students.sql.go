@@ -139,8 +139,11 @@ type ListStudentsRow struct {
 	LastError      pgtype.Text
 }
 
-// Keyset pagination over (created_at, id): stable under concurrent inserts
-// and as fast on page 1,000 as on page 1.
+// Keyset pagination over (created_at, id): no repeats or gaps among the
+// rows that existed when paging began, and as fast on page 1,000 as on
+// page 1. created_at is the inserting transaction's start, so a student
+// committed after a client paged past that time is not shown to that
+// client; a feed that must miss nothing would page by commit order.
 func (q *Queries) ListStudents(ctx context.Context, db DBTX, arg ListStudentsParams) ([]ListStudentsRow, error) {
 	rows, err := db.Query(ctx, listStudents, arg.AfterCreatedAt, arg.AfterID, arg.PageSize)
 	if err != nil {
