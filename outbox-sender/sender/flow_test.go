@@ -2,6 +2,7 @@ package sender_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
@@ -50,14 +52,17 @@ func (f flow) postStudents(t *testing.T, n int) []uuid.UUID {
 		wg.Go(func() {
 			res := apitest.Do(t, http.MethodPost, f.student.URL+"/students",
 				fmt.Sprintf(`{"name":"Student %d","email":"s%d@example.com","document_number":"doc-%04d"}`, i, i, i))
-			require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
+			// No require here: FailNow must not run outside the test goroutine.
 			var st studentsvc.Student
-			res.JSON(t, &st)
-			require.Equal(t, studentsvc.StatePending, st.Provisioning.State)
-			ids[i] = st.ID
+			if assert.Equal(t, http.StatusCreated, res.Status, "%s", res.Body) &&
+				assert.NoError(t, json.Unmarshal(res.Body, &st)) {
+				assert.Equal(t, studentsvc.StatePending, st.Provisioning.State)
+				ids[i] = st.ID
+			}
 		})
 	}
 	wg.Wait()
+	require.False(t, t.Failed(), "creating students failed")
 	return ids
 }
 

@@ -40,8 +40,8 @@ func TestMainDeliversAndStops(t *testing.T) {
 		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == 3
 	}, 10*time.Second, 10*time.Millisecond)
 
-	// The recording and the metric update happen together; the scrape may
-	// run a moment before the completer's batch counted, so wait for it.
+	// Results are counted just after their recording commits, so the
+	// database can be a moment ahead of the scrape: wait for it.
 	require.Eventually(t, func() bool {
 		m := string(apitest.Do(t, http.MethodGet, "http://"+admin+"/metrics", "").Body)
 		return strings.Contains(m, `outbox_sender_results_total{verdict="delivered"} 3`)

@@ -21,6 +21,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -134,9 +135,14 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 				break more
 			}
 		}
-		rows, err := s.q.ClaimDue(ctx, s.pool, outboxdb.ClaimDueParams{
+		// Not cancelled by shutdown: a claim cut short may still have
+		// committed, and rows claimed but never seen would sit out a lease.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		rows, err := s.q.ClaimDue(cctx, s.pool, outboxdb.ClaimDueParams{
 			Lease: s.cfg.Lease, ClaimedBy: pgtype.Text{String: s.cfg.ID, Valid: true}, BatchSize: int32(n),
+			MaxAge: s.cfg.MaxAge,
 		})
+		cancel()
 		if err != nil && ctx.Err() == nil {
 			s.log.Error("claim outbox rows", slog.String("error", err.Error()))
 		}
@@ -161,8 +167,8 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 
 // deliver sends one row to Users and judges the answer.
 func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
-	if age := time.Since(row.CreatedAt); age > s.cfg.MaxAge {
-		return result{row: row, verdict: dead, err: fmt.Sprintf("gave up: the operation is %s old, more than SENDER_MAX_AGE=%s", age.Round(time.Second), s.cfg.MaxAge)}
+	if row.Expired {
+		return result{row: row, verdict: dead, err: fmt.Sprintf("gave up: the operation is older than SENDER_MAX_AGE=%s", s.cfg.MaxAge)}
 	}
 	// A shutdown does not cut a request short: an answer Users already
 	// committed is better recorded now than found again by a redelivery.
@@ -189,13 +195,14 @@ func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
 }
 
 // judge classifies Users' answer. Only an answer that cannot change on a
-// retry is permanent: a 2xx with a user id, or a 4xx about the request
-// itself. Everything else (no answer, 5xx, 408, 429, a key still in
-// progress) is retried.
+// retry is permanent: a 2xx (with a user id, or a broken one without), or
+// one of Users' own problem types about the request itself. Everything else
+// is retried: no answer, 5xx, 408, 429, a key still in progress, and also
+// any other 4xx, which more likely comes from a misrouted URL or a proxy
+// mid-deploy than from Users, and must not dead-letter the whole outbox.
 func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byte) result {
 	code := resp.StatusCode
-	switch {
-	case code >= 200 && code < 300:
+	if code >= 200 && code < 300 {
 		var created struct {
 			UserID uuid.UUID `json:"userId"`
 		}
@@ -203,33 +210,39 @@ func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byt
 			return result{row: row, verdict: dead, err: fmt.Sprintf("Users answered %d without a userId", code)}
 		}
 		return result{row: row, verdict: delivered, userID: created.UserID}
-	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests, code >= 500:
-		return s.retryOrDie(row, "Users answered "+describe(code, body), retryAfter(resp))
 	}
 	var p problem.Error
-	_ = json.Unmarshal(body, &p)
-	if code == http.StatusConflict && p.Type == problem.TypeIdempotencyBusy {
-		return s.retryOrDie(row, "Users answered "+describe(code, body), retryAfter(resp))
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == problem.ContentType {
+		_ = json.Unmarshal(body, &p)
 	}
-	return result{row: row, verdict: dead, err: "Users answered " + describe(code, body)}
+	why := fmt.Sprintf("Users answered %d %s", code, http.StatusText(code))
+	if p.Title != "" {
+		why = fmt.Sprintf("Users answered %d %s", code, p.Title)
+	}
+	switch {
+	case code == http.StatusBadRequest && p.Type == problem.TypeValidation,
+		code == http.StatusConflict && p.Type == problem.TypeDocumentTaken,
+		code == http.StatusUnprocessableEntity && p.Type == problem.TypeIdempotencyMismatch:
+		return result{row: row, verdict: dead, err: why}
+	}
+	return s.retryOrDie(row, why, s.retryAfter(resp))
 }
 
-// describe is "409 Document number already in use" for a problem answer,
-// "502 Bad Gateway" otherwise.
-func describe(code int, body []byte) string {
-	var p problem.Error
-	if json.Unmarshal(body, &p) == nil && p.Title != "" {
-		return fmt.Sprintf("%d %s", code, p.Title)
-	}
-	return fmt.Sprintf("%d %s", code, http.StatusText(code))
-}
-
-func retryAfter(resp *http.Response) time.Duration {
-	secs, err := strconv.Atoi(resp.Header.Get("Retry-After"))
-	if err != nil || secs < 0 {
+// retryAfter reads Retry-After in either form (seconds or an HTTP date),
+// capped at BackoffMax: a server cannot push a row past the sender's own
+// limits.
+func (s *Sender) retryAfter(resp *http.Response) time.Duration {
+	v := resp.Header.Get("Retry-After")
+	if v == "" {
 		return 0
 	}
-	return time.Duration(secs) * time.Second
+	var d time.Duration
+	if secs, err := strconv.Atoi(v); err == nil {
+		d = time.Duration(secs) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = time.Until(t)
+	}
+	return min(max(d, 0), s.cfg.BackoffMax)
 }
 
 // retryOrDie schedules another attempt with exponential backoff and jitter,
@@ -246,8 +259,9 @@ func (s *Sender) retryOrDie(row outboxdb.ClaimDueRow, why string, atLeast time.D
 // spread out instead of retrying in lockstep.
 func (s *Sender) backoff(attempt int) time.Duration {
 	d := s.cfg.BackoffMax
-	if attempt < 40 {
-		d = min(s.cfg.BackoffMax, s.cfg.BackoffMin<<max(attempt-1, 0))
+	// Shift only while it cannot overflow: past that the cap applies anyway.
+	if shift := max(attempt-1, 0); shift < 62 && s.cfg.BackoffMin <= s.cfg.BackoffMax>>shift {
+		d = s.cfg.BackoffMin << shift
 	}
 	return d/2 + rand.N(d/2+1)
 }
@@ -304,46 +318,47 @@ func (s *Sender) record(ctx context.Context, batch []result) {
 	}
 }
 
-// write records one batch in one transaction.
+// write records one batch in one transaction, then counts and logs it.
 func (s *Sender) write(ctx context.Context, batch []result) error {
 	var (
-		linkStudents, linkUsers []uuid.UUID
-		linkRows                = map[uuid.UUID]outboxdb.ClaimDueRow{}
-		retries                 outboxdb.ScheduleRetriesParams
-		deaths                  outboxdb.MarkDeadParams
-		releases                outboxdb.ReleaseParams
+		link     outboxdb.LinkStudentsParams
+		linkRows = map[uuid.UUID]outboxdb.ClaimDueRow{}
+		retries  = outboxdb.ScheduleRetriesParams{MaxAge: s.cfg.MaxAge}
+		deaths   outboxdb.MarkDeadParams
+		releases outboxdb.ReleaseParams
 	)
 	for _, r := range batch {
-		s.metrics.results.WithLabelValues(r.verdict.String()).Inc()
 		switch r.verdict {
 		case delivered:
-			linkStudents = append(linkStudents, r.row.StudentID)
-			linkUsers = append(linkUsers, r.userID)
+			link.StudentIds = append(link.StudentIds, r.row.StudentID)
+			link.UserIds = append(link.UserIds, r.userID)
 			linkRows[r.row.StudentID] = r.row
 		case retry:
 			retries.Ids = append(retries.Ids, r.row.ID)
 			retries.LeaseTokens = append(retries.LeaseTokens, r.row.LeaseToken)
 			retries.Delays = append(retries.Delays, r.delay)
-			retries.Errors = append(retries.Errors, r.err)
+			retries.Errors = append(retries.Errors, cleanError(r.err))
 		case dead:
 			deaths.Ids = append(deaths.Ids, r.row.ID)
 			deaths.LeaseTokens = append(deaths.LeaseTokens, r.row.LeaseToken)
-			deaths.Errors = append(deaths.Errors, r.err)
-			s.log.Warn("outbox row dead-lettered", slog.Int64("outbox_id", r.row.ID),
-				slog.String("student_id", r.row.StudentID.String()), slog.String("error", r.err))
+			deaths.Errors = append(deaths.Errors, cleanError(r.err))
 		case release:
 			releases.Ids = append(releases.Ids, r.row.ID)
 			releases.LeaseTokens = append(releases.LeaseTokens, r.row.LeaseToken)
 		}
 	}
-	if len(linkStudents) > 0 {
+	if len(link.StudentIds) > 0 {
 		s.cfg.Crash.Hit(CrashAfterResponse)
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if len(linkStudents) > 0 {
-			if err := s.link(ctx, tx, linkStudents, linkUsers, linkRows); err != nil {
+	var conflicts []conflict
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		conflicts = nil // a retried transaction starts over
+		if len(link.StudentIds) > 0 {
+			c, err := s.link(ctx, tx, link, linkRows, &deaths)
+			if err != nil {
 				return err
 			}
+			conflicts = c
 		}
 		if len(retries.Ids) > 0 {
 			if _, err := s.q.ScheduleRetries(ctx, tx, retries); err != nil {
@@ -362,41 +377,69 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	for _, r := range batch {
+		s.metrics.results.WithLabelValues(r.verdict.String()).Inc()
+		if r.verdict == dead {
+			s.log.Warn("outbox row dead-lettered", slog.Int64("outbox_id", r.row.ID),
+				slog.String("student_id", r.row.StudentID.String()), slog.String("error", r.err))
+		}
+	}
+	for _, c := range conflicts {
+		s.log.Error("student linked to a different user", slog.String("student_id", c.student.String()),
+			slog.String("answered_user_id", c.user.String()), slog.Int64("outbox_id", c.outboxID))
+	}
+	return nil
+}
+
+type conflict struct {
+	student, user uuid.UUID
+	outboxID      int64
 }
 
 // link records user ids on their students and marks those rows delivered.
 // A student already linked to a different user is never overwritten: its
-// row is dead-lettered with the reason and logged for someone to look at.
-func (s *Sender) link(ctx context.Context, tx pgx.Tx, students, users []uuid.UUID, rows map[uuid.UUID]outboxdb.ClaimDueRow) error {
-	linked, err := s.q.LinkStudents(ctx, tx, outboxdb.LinkStudentsParams{StudentIds: students, UserIds: users})
+// row is added to deaths with the reason (unfenced: the answer is a fact
+// about the key, not the lease) and returned for logging.
+func (s *Sender) link(ctx context.Context, tx pgx.Tx, link outboxdb.LinkStudentsParams,
+	rows map[uuid.UUID]outboxdb.ClaimDueRow, deaths *outboxdb.MarkDeadParams) ([]conflict, error) {
+	linked, err := s.q.LinkStudents(ctx, tx, link)
 	if err != nil {
-		return fmt.Errorf("link students: %w", err)
+		return nil, fmt.Errorf("link students: %w", err)
 	}
+	done := make(map[uuid.UUID]bool, len(linked))
 	ids := make([]int64, 0, len(linked))
 	for _, id := range linked {
+		done[id] = true
 		ids = append(ids, rows[id].ID)
-		delete(rows, id)
 	}
 	if _, err := s.q.MarkDelivered(ctx, tx, ids); err != nil {
-		return fmt.Errorf("mark delivered: %w", err)
+		return nil, fmt.Errorf("mark delivered: %w", err)
 	}
-	if len(rows) == 0 {
-		return nil
-	}
-	var conflicts outboxdb.MarkDeadUnleasedParams
-	for i, sid := range students {
-		row, ok := rows[sid]
-		if !ok {
+	var conflicts []conflict
+	for i, sid := range link.StudentIds {
+		if done[sid] {
 			continue
 		}
-		why := fmt.Sprintf("student is already linked to a different user; Users answered %s", users[i])
-		s.log.Error("student linked to a different user", slog.String("student_id", sid.String()),
-			slog.String("answered_user_id", users[i].String()), slog.Int64("outbox_id", row.ID))
-		conflicts.Ids = append(conflicts.Ids, row.ID)
-		conflicts.Errors = append(conflicts.Errors, why)
+		row := rows[sid]
+		conflicts = append(conflicts, conflict{student: sid, user: link.UserIds[i], outboxID: row.ID})
+		deaths.Ids = append(deaths.Ids, row.ID)
+		deaths.LeaseTokens = append(deaths.LeaseTokens, uuid.Nil)
+		deaths.Errors = append(deaths.Errors,
+			fmt.Sprintf("student is already linked to a different user; Users answered %s", link.UserIds[i]))
 	}
-	if _, err := s.q.MarkDeadUnleased(ctx, tx, conflicts); err != nil {
-		return fmt.Errorf("dead-letter conflicting rows: %w", err)
+	return conflicts, nil
+}
+
+// cleanError makes an error message storable: PostgreSQL text holds no NUL
+// and must be valid UTF-8, and a message from a remote server is bounded, so
+// that one odd answer can never make a whole batch unrecordable.
+func cleanError(msg string) string {
+	msg = strings.ToValidUTF8(strings.ReplaceAll(msg, "\x00", ""), "\uFFFD")
+	if len(msg) > 1000 {
+		msg = strings.ToValidUTF8(msg[:1000], "") + "…"
 	}
-	return nil
+	return msg
 }

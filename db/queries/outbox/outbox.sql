@@ -19,7 +19,9 @@ FROM (
 ) due
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
-          o.lease_token::uuid AS lease_token, o.created_at;
+          o.lease_token::uuid AS lease_token, o.created_at,
+          -- Judged by the database's clock, which wrote created_at.
+          (o.created_at + @max_age::interval < now())::boolean AS expired;
 
 -- name: LinkStudents :many
 -- Records each returned user id on its student unless the student is
@@ -34,40 +36,42 @@ RETURNING s.id;
 -- name: MarkDelivered :execrows
 -- No lease check: any answer for this key is the answer, even from a sender
 -- whose lease ran out, because Users replays the same result for the key.
+-- A user id from Users is the truth, so it also wins over a dead-letter
+-- written meanwhile by another sender (for age, say): the user exists.
 UPDATE outbox
-SET state = 'delivered', delivered_at = now(), lease_token = NULL, last_error = NULL
-WHERE id = ANY(@ids::bigint[]) AND state = 'pending';
+SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL
+WHERE id = ANY(@ids::bigint[]) AND state <> 'delivered';
 
 -- name: ScheduleRetries :execrows
 -- Only the holder of the current lease may reschedule a row; a sender whose
--- lease expired and was taken over leaves the row to its new owner.
+-- lease expired and was taken over leaves the row to its new owner. A row
+-- never sleeps past its max age: it is claimed then, and dead-lettered.
 UPDATE outbox o
-SET available_at = now() + d.delay, last_error = d.error, lease_token = NULL
+SET available_at = LEAST(now() + d.delay, o.created_at + @max_age::interval),
+    last_error = d.error, lease_token = NULL
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
              unnest(@delays::interval[]) AS delay, unnest(@errors::text[]) AS error) d
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending';
 
 -- name: MarkDead :execrows
+-- The nil UUID as lease token skips the fence (claims never hand it out):
+-- used for rows whose Users answer
+-- cannot be recorded (the student is linked to a different user), which,
+-- like a delivery, is a fact about the key rather than about a lease.
 UPDATE outbox o
 SET state = 'dead', dead_at = now(), last_error = d.error, lease_token = NULL
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
              unnest(@errors::text[]) AS error) d
-WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending';
-
--- name: MarkDeadUnleased :execrows
--- Dead-letters rows whose Users answer cannot be recorded (the student is
--- linked to a different user). Like MarkDelivered it needs no lease.
-UPDATE outbox o
-SET state = 'dead', dead_at = now(), last_error = d.error, lease_token = NULL
-FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@errors::text[]) AS error) d
-WHERE o.id = d.id AND o.state = 'pending';
+WHERE o.id = d.id AND o.state = 'pending'
+  AND (d.lease_token = '00000000-0000-0000-0000-000000000000' OR o.lease_token = d.lease_token);
 
 -- name: Release :execrows
 -- Hands claimed but unsent rows back at shutdown: due now, and the claim
 -- does not count as an attempt.
-UPDATE outbox
-SET available_at = now(), lease_token = NULL, claimed_by = NULL, attempts = GREATEST(attempts - 1, 0)
-WHERE id = ANY(@ids::bigint[]) AND lease_token = ANY(@lease_tokens::uuid[]) AND state = 'pending';
+UPDATE outbox o
+SET available_at = now(), lease_token = NULL, claimed_by = NULL, attempts = GREATEST(o.attempts - 1, 0)
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token) d
+WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending';
 
 -- name: OutboxStats :one
 -- For /metrics: how much work waits, and how long the oldest has waited.

@@ -29,13 +29,16 @@ FROM (
 ) due
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
-          o.lease_token::uuid AS lease_token, o.created_at
+          o.lease_token::uuid AS lease_token, o.created_at,
+          -- Judged by the database's clock, which wrote created_at.
+          (o.created_at + $4::interval < now())::boolean AS expired
 `
 
 type ClaimDueParams struct {
 	Lease     time.Duration
 	ClaimedBy pgtype.Text
 	BatchSize int32
+	MaxAge    time.Duration
 }
 
 type ClaimDueRow struct {
@@ -47,6 +50,7 @@ type ClaimDueRow struct {
 	Attempts       int32
 	LeaseToken     uuid.UUID
 	CreatedAt      time.Time
+	Expired        bool
 }
 
 // The outbox sender's queries. They run against Student's database, the
@@ -55,7 +59,12 @@ type ClaimDueRow struct {
 // each other or taking the same row. The claim is a lease: available_at
 // moves forward, so if this sender dies the row becomes due again.
 func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]ClaimDueRow, error) {
-	rows, err := db.Query(ctx, claimDue, arg.Lease, arg.ClaimedBy, arg.BatchSize)
+	rows, err := db.Query(ctx, claimDue,
+		arg.Lease,
+		arg.ClaimedBy,
+		arg.BatchSize,
+		arg.MaxAge,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -72,6 +81,7 @@ func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]
 			&i.Attempts,
 			&i.LeaseToken,
 			&i.CreatedAt,
+			&i.Expired,
 		); err != nil {
 			return nil, err
 		}
@@ -124,7 +134,8 @@ UPDATE outbox o
 SET state = 'dead', dead_at = now(), last_error = d.error, lease_token = NULL
 FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
              unnest($3::text[]) AS error) d
-WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
+WHERE o.id = d.id AND o.state = 'pending'
+  AND (d.lease_token = '00000000-0000-0000-0000-000000000000' OR o.lease_token = d.lease_token)
 `
 
 type MarkDeadParams struct {
@@ -133,6 +144,10 @@ type MarkDeadParams struct {
 	Errors      []string
 }
 
+// The nil UUID as lease token skips the fence (claims never hand it out):
+// used for rows whose Users answer
+// cannot be recorded (the student is linked to a different user), which,
+// like a delivery, is a fact about the key rather than about a lease.
 func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) (int64, error) {
 	result, err := db.Exec(ctx, markDead, arg.Ids, arg.LeaseTokens, arg.Errors)
 	if err != nil {
@@ -141,36 +156,16 @@ func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) (in
 	return result.RowsAffected(), nil
 }
 
-const markDeadUnleased = `-- name: MarkDeadUnleased :execrows
-UPDATE outbox o
-SET state = 'dead', dead_at = now(), last_error = d.error, lease_token = NULL
-FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS error) d
-WHERE o.id = d.id AND o.state = 'pending'
-`
-
-type MarkDeadUnleasedParams struct {
-	Ids    []int64
-	Errors []string
-}
-
-// Dead-letters rows whose Users answer cannot be recorded (the student is
-// linked to a different user). Like MarkDelivered it needs no lease.
-func (q *Queries) MarkDeadUnleased(ctx context.Context, db DBTX, arg MarkDeadUnleasedParams) (int64, error) {
-	result, err := db.Exec(ctx, markDeadUnleased, arg.Ids, arg.Errors)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const markDelivered = `-- name: MarkDelivered :execrows
 UPDATE outbox
-SET state = 'delivered', delivered_at = now(), lease_token = NULL, last_error = NULL
-WHERE id = ANY($1::bigint[]) AND state = 'pending'
+SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL
+WHERE id = ANY($1::bigint[]) AND state <> 'delivered'
 `
 
 // No lease check: any answer for this key is the answer, even from a sender
 // whose lease ran out, because Users replays the same result for the key.
+// A user id from Users is the truth, so it also wins over a dead-letter
+// written meanwhile by another sender (for age, say): the user exists.
 func (q *Queries) MarkDelivered(ctx context.Context, db DBTX, ids []int64) (int64, error) {
 	result, err := db.Exec(ctx, markDelivered, ids)
 	if err != nil {
@@ -211,9 +206,10 @@ func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (OutboxStatsRow, err
 }
 
 const release = `-- name: Release :execrows
-UPDATE outbox
-SET available_at = now(), lease_token = NULL, claimed_by = NULL, attempts = GREATEST(attempts - 1, 0)
-WHERE id = ANY($1::bigint[]) AND lease_token = ANY($2::uuid[]) AND state = 'pending'
+UPDATE outbox o
+SET available_at = now(), lease_token = NULL, claimed_by = NULL, attempts = GREATEST(o.attempts - 1, 0)
+FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token) d
+WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
 `
 
 type ReleaseParams struct {
@@ -233,13 +229,15 @@ func (q *Queries) Release(ctx context.Context, db DBTX, arg ReleaseParams) (int6
 
 const scheduleRetries = `-- name: ScheduleRetries :execrows
 UPDATE outbox o
-SET available_at = now() + d.delay, last_error = d.error, lease_token = NULL
-FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
-             unnest($3::interval[]) AS delay, unnest($4::text[]) AS error) d
+SET available_at = LEAST(now() + d.delay, o.created_at + $1::interval),
+    last_error = d.error, lease_token = NULL
+FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::uuid[]) AS lease_token,
+             unnest($4::interval[]) AS delay, unnest($5::text[]) AS error) d
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
 `
 
 type ScheduleRetriesParams struct {
+	MaxAge      time.Duration
 	Ids         []int64
 	LeaseTokens []uuid.UUID
 	Delays      []time.Duration
@@ -247,9 +245,11 @@ type ScheduleRetriesParams struct {
 }
 
 // Only the holder of the current lease may reschedule a row; a sender whose
-// lease expired and was taken over leaves the row to its new owner.
+// lease expired and was taken over leaves the row to its new owner. A row
+// never sleeps past its max age: it is claimed then, and dead-lettered.
 func (q *Queries) ScheduleRetries(ctx context.Context, db DBTX, arg ScheduleRetriesParams) (int64, error) {
 	result, err := db.Exec(ctx, scheduleRetries,
+		arg.MaxAge,
 		arg.Ids,
 		arg.LeaseTokens,
 		arg.Delays,
