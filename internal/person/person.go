@@ -79,9 +79,6 @@ func (in input) validate() (Person, error) {
 }
 
 func checkName(s string) string {
-	if !utf8.ValidString(s) {
-		return "must be valid UTF-8"
-	}
 	if utf8.RuneCountInString(s) > MaxName {
 		return "must be at most 200 characters"
 	}
