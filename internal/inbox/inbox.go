@@ -24,6 +24,7 @@ import (
 
 	"github.com/outboxref/outboxref/internal/inbox/inboxdb"
 	"github.com/outboxref/outboxref/internal/problem"
+	"github.com/outboxref/outboxref/internal/web"
 )
 
 // ReplayedHeader marks a response served from the inbox rather than made
@@ -78,6 +79,24 @@ type Outcome struct {
 	Status     int
 	Body       []byte
 	ResourceID uuid.UUID // uuid.Nil when nothing was created
+}
+
+// Refusal is the Outcome of a business rule saying no: stored and replayed
+// like a success, because a repeat of the key must get the same answer.
+func Refusal(p *problem.Error) Outcome {
+	return Outcome{Status: p.Status, Body: p.Body()}
+}
+
+// Write sends the outcome: Idempotent-Replayed when it came from the inbox,
+// and Location (locationPrefix + id) when it created something.
+func (o Outcome) Write(w http.ResponseWriter, replayed bool, locationPrefix string) {
+	if replayed {
+		w.Header().Set(ReplayedHeader, "true")
+	}
+	if o.ResourceID != uuid.Nil {
+		w.Header().Set("Location", locationPrefix+o.ResourceID.String())
+	}
+	web.WriteRaw(w, o.Status, o.Body)
 }
 
 // Op performs a request's effect inside the inbox transaction. It returns an

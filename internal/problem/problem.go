@@ -71,6 +71,15 @@ func Field(field, detail string) *Error {
 	return Validation(FieldError{Field: field, Detail: detail})
 }
 
+// DocumentTaken is the 409 of the one-per-document-number rule; detail
+// says whose rule it is.
+func DocumentTaken(detail string) *Error {
+	return &Error{
+		Type: TypeDocumentTaken, Title: "Document number already in use", Status: http.StatusConflict,
+		Detail: detail, Errors: []FieldError{{Field: "document_number", Detail: "already in use"}},
+	}
+}
+
 // NotFound is a 404 for the named resource.
 func NotFound(what string) *Error {
 	return &Error{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: what + " does not exist"}

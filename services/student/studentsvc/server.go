@@ -130,13 +130,7 @@ func (s *Server) createStudent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if replayed {
-		w.Header().Set(inbox.ReplayedHeader, "true")
-	}
-	if out.ResourceID != uuid.Nil {
-		w.Header().Set("Location", "/students/"+out.ResourceID.String())
-	}
-	web.WriteRaw(w, out.Status, out.Body)
+	out.Write(w, replayed, "/students/")
 	return nil
 }
 
@@ -148,12 +142,7 @@ func (s *Server) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person) 
 		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		taken := &problem.Error{
-			Type: problem.TypeDocumentTaken, Title: "Document number already in use", Status: http.StatusConflict,
-			Detail: "a student with this document number already exists",
-			Errors: []problem.FieldError{{Field: "document_number", Detail: "already in use by another student"}},
-		}
-		return inbox.Outcome{Status: taken.Status, Body: taken.Body()}, nil
+		return inbox.Refusal(problem.DocumentTaken("a student with this document number already exists")), nil
 	}
 	if err != nil {
 		return inbox.Outcome{}, fmt.Errorf("insert student: %w", err)

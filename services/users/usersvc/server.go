@@ -91,13 +91,7 @@ func (s *Server) createUser(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.crash.Hit(CrashAfterCommit)
-	if replayed {
-		w.Header().Set(inbox.ReplayedHeader, "true")
-	}
-	if out.ResourceID != uuid.Nil {
-		w.Header().Set("Location", "/users/"+out.ResourceID.String())
-	}
-	web.WriteRaw(w, out.Status, out.Body)
+	out.Write(w, replayed, "/users/")
 	return nil
 }
 
@@ -109,12 +103,7 @@ func (s *Server) insertUser(ctx context.Context, tx pgx.Tx, p person.Person) (in
 		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		taken := &problem.Error{
-			Type: problem.TypeDocumentTaken, Title: "Document number already in use", Status: http.StatusConflict,
-			Detail: "an enabled user already has this document number",
-			Errors: []problem.FieldError{{Field: "document_number", Detail: "already in use by an enabled user"}},
-		}
-		return inbox.Outcome{Status: taken.Status, Body: taken.Body()}, nil
+		return inbox.Refusal(problem.DocumentTaken("an enabled user already has this document number")), nil
 	}
 	if err != nil {
 		return inbox.Outcome{}, fmt.Errorf("insert user: %w", err)
