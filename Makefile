@@ -31,7 +31,7 @@ fmt-check:
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/ ./services/student ./services/users ./outbox-sender
 
-ci: fmt-check vet check-generated test
+ci: fmt-check vet check-generated test e2e
 
 ## bench: sender throughput against its one-row-at-a-time baseline, on a
 ## throwaway PostgreSQL; prints every round and the medians.

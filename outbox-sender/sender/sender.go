@@ -117,6 +117,7 @@ func (s *Sender) Run(ctx context.Context) error {
 
 // claim fills jobs with due rows while capacity tokens are free.
 func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- outboxdb.ClaimDueRow) {
+	failures := 0 // consecutive failed claims
 	for {
 		// Wait for one free slot, then take as many more as are free, up to
 		// a batch: one claim query serves them all.
@@ -143,8 +144,21 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 			MaxAge: s.cfg.MaxAge,
 		})
 		cancel()
-		if err != nil && ctx.Err() == nil {
-			s.log.Error("claim outbox rows", slog.String("error", err.Error()))
+		wait := s.cfg.PollInterval
+		switch {
+		case err == nil:
+			if failures > 0 {
+				s.log.Info("claiming again", slog.Int("failed_claims", failures))
+			}
+			failures = 0
+		case ctx.Err() == nil:
+			// While the database is down, back off to at most 5s between
+			// tries and log the first failure and every tenth, not each.
+			failures++
+			wait = min(s.cfg.PollInterval<<min(failures, 16), 5*time.Second)
+			if failures%10 == 1 {
+				s.log.Error("claim outbox rows", slog.Int("failed_claims", failures), slog.String("error", err.Error()))
+			}
 		}
 		s.metrics.claimed.Add(float64(len(rows)))
 		for _, row := range rows {
@@ -159,7 +173,7 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(s.cfg.PollInterval):
+			case <-time.After(wait):
 			}
 		}
 	}

@@ -1,0 +1,426 @@
+// Package e2e is the end-to-end fault-injection suite: it runs the real
+// binaries against real PostgreSQL, breaks things, and proves with numbers
+// that nothing was lost and nothing was duplicated. The suite itself is
+// behind the e2e build tag (make e2e); the pieces that need no running
+// system, this checker and the broken-build patches, build without it so
+// that make test covers them.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The checker reads both databases once the system has gone quiet and
+// classifies every student and every user. It trusts nothing the services
+// say about themselves: only the rows count.
+
+// StudentRow is a row of Student's students table.
+type StudentRow struct {
+	ID             uuid.UUID
+	DocumentNumber string
+	UserID         uuid.NullUUID
+}
+
+// OutboxRow is a create-user row of Student's outbox.
+type OutboxRow struct {
+	StudentID uuid.UUID
+	Key       string // the idempotency key sent on every delivery
+	State     string // pending, delivered or dead
+	Attempts  int    // claims that may have led to a request
+	LastError string
+	ClaimedBy string
+}
+
+// UserRow is a row of Users' users table.
+type UserRow struct {
+	ID             uuid.UUID
+	DocumentNumber string
+	Enabled        bool
+}
+
+// InboxRow is a row of Users' inbox.
+type InboxRow struct {
+	Key        string
+	StatusCode int // 0 when no outcome is stored
+	ResourceID uuid.NullUUID
+	Replays    int
+}
+
+// State is everything the checker reads.
+type State struct {
+	Students []StudentRow
+	Outbox   []OutboxRow
+	Users    []UserRow
+	Inbox    []InboxRow
+}
+
+// Input is what the test itself knows and the databases cannot tell.
+type Input struct {
+	// ForeignKeys are idempotency keys the test sent straight to Users (a
+	// seeded user, the bursts of scenario 10). Users created under them
+	// belong to no student and are counted as foreign, not unexpected.
+	ForeignKeys []string
+	// Acked are the students Student answered 201 for. Each must exist:
+	// an acknowledged commit that disappears is the worst kind of loss.
+	Acked []uuid.UUID
+}
+
+// Class is the verdict on one student.
+type Class string
+
+const (
+	// Linked: exactly one user for its key, and students.user_id equals
+	// the user id Users stored in its inbox under that key.
+	Linked Class = "linked"
+	// Dead: the outbox row was dead-lettered with a reason and Users
+	// created no user for its key.
+	Dead Class = "dead"
+	// Pending: still waiting for delivery. After the suite waited for
+	// quiescence this should never be seen.
+	Pending Class = "pending"
+	// Lost: committed, never linked, and not (rightly) dead-lettered: the
+	// row was marked delivered without a link, has no outbox row at all,
+	// was dead-lettered without a reason, or was dead-lettered although
+	// Users did create its user.
+	Lost Class = "lost"
+	// Duplicated: more than one user carries the student's document number.
+	Duplicated Class = "duplicated"
+	// Mislinked: user_id is set but differs from the result stored in
+	// Users' inbox for the key (or Users stored none, or that user does
+	// not exist or has another document number).
+	Mislinked Class = "mislinked"
+)
+
+// Report is the checker's verdict in numbers.
+type Report struct {
+	Students   int
+	Linked     int
+	Dead       int
+	Pending    int
+	Lost       int
+	Duplicated int
+	Mislinked  int
+	// Vanished counts students Student acknowledged with a 201 that are
+	// not in its database.
+	Vanished int
+
+	Users      int
+	Foreign    int // users created under Input.ForeignKeys
+	Unexpected int // users no student and no foreign key accounts for
+
+	// Redeliveries is the sum over outbox rows of attempts beyond the
+	// first: how many times a row was claimed again after an attempt that
+	// failed, timed out, or whose sender died.
+	Redeliveries int
+	// Replays is the sum of inbox.replays in Users: answers served from
+	// the inbox instead of acting again.
+	Replays int
+
+	// ByClass maps each student to its verdict.
+	ByClass map[uuid.UUID]Class
+	// DeadReasons counts last_error values of dead rows.
+	DeadReasons map[string]int
+	// ClaimedBy counts delivered rows by the sender that claimed them last.
+	ClaimedBy map[string]int
+	// Problems describes the first few students and users that are not
+	// right, for the failure message.
+	Problems []string
+}
+
+// maxProblems bounds Report.Problems: a few examples say more than a wall.
+const maxProblems = 15
+
+func (r *Report) problem(format string, args ...any) {
+	if len(r.Problems) < maxProblems {
+		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	}
+}
+
+// Classify judges a State. It is a pure function so that its rules can be
+// tested on hand-built rows.
+func Classify(st State, in Input) Report {
+	r := Report{
+		Students:    len(st.Students),
+		Users:       len(st.Users),
+		ByClass:     make(map[uuid.UUID]Class, len(st.Students)),
+		DeadReasons: map[string]int{},
+		ClaimedBy:   map[string]int{},
+	}
+
+	outbox := make(map[uuid.UUID]OutboxRow, len(st.Outbox))
+	for _, o := range st.Outbox {
+		outbox[o.StudentID] = o
+		r.Redeliveries += max(o.Attempts-1, 0)
+		if o.State == "delivered" {
+			r.ClaimedBy[o.ClaimedBy]++
+		}
+	}
+	inbox := make(map[string]InboxRow, len(st.Inbox))
+	for _, ib := range st.Inbox {
+		inbox[ib.Key] = ib
+		r.Replays += ib.Replays
+	}
+	users := make(map[uuid.UUID]UserRow, len(st.Users))
+	byDoc := map[string][]UserRow{}
+	for _, u := range st.Users {
+		users[u.ID] = u
+		byDoc[u.DocumentNumber] = append(byDoc[u.DocumentNumber], u)
+	}
+
+	// Users some student accounts for: the one it is linked to, and the
+	// one Users stored under its key (which the student's own verdict
+	// judges if the two differ).
+	claimed := map[uuid.UUID]bool{}
+	students := make(map[uuid.UUID]bool, len(st.Students))
+	for _, s := range st.Students {
+		students[s.ID] = true
+		o, hasOutbox := outbox[s.ID]
+		ib, hasInbox := InboxRow{}, false
+		if hasOutbox {
+			ib, hasInbox = inbox[o.Key]
+		}
+		if s.UserID.Valid {
+			claimed[s.UserID.UUID] = true
+		}
+		if hasInbox && ib.ResourceID.Valid {
+			claimed[ib.ResourceID.UUID] = true
+		}
+
+		class := classifyStudent(&r, s, o, hasOutbox, ib, hasInbox, byDoc[s.DocumentNumber], users)
+		r.ByClass[s.ID] = class
+		switch class {
+		case Linked:
+			r.Linked++
+		case Dead:
+			r.Dead++
+			r.DeadReasons[o.LastError]++
+		case Pending:
+			r.Pending++
+		case Lost:
+			r.Lost++
+		case Duplicated:
+			r.Duplicated++
+		case Mislinked:
+			r.Mislinked++
+		}
+	}
+
+	foreign := map[uuid.UUID]bool{}
+	for _, k := range in.ForeignKeys {
+		if ib, ok := inbox[k]; ok && ib.ResourceID.Valid {
+			foreign[ib.ResourceID.UUID] = true
+		}
+	}
+	for _, u := range st.Users {
+		switch {
+		case foreign[u.ID]:
+			r.Foreign++
+		case !claimed[u.ID]:
+			r.Unexpected++
+			r.problem("unexpected user %s (document %s): no student is linked to it and no key of a student or of the test stored it",
+				u.ID, u.DocumentNumber)
+		}
+	}
+
+	for _, id := range in.Acked {
+		if !students[id] {
+			r.Vanished++
+			r.problem("vanished: Student answered 201 for student %s, which is not in its database", id)
+		}
+	}
+	return r
+}
+
+func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib InboxRow, hasInbox bool,
+	docUsers []UserRow, users map[uuid.UUID]UserRow,
+) Class {
+	switch {
+	case len(docUsers) > 1:
+		ids := make([]string, len(docUsers))
+		for i, u := range docUsers {
+			ids[i] = u.ID.String()
+		}
+		r.problem("duplicated: student %s (document %s) has %d users: %s", s.ID, s.DocumentNumber, len(docUsers), strings.Join(ids, ", "))
+		return Duplicated
+
+	case s.UserID.Valid:
+		switch {
+		case !hasOutbox:
+			r.problem("mislinked: student %s is linked to %s but has no create-user outbox row", s.ID, s.UserID.UUID)
+			return Mislinked
+		case !hasInbox || !ib.ResourceID.Valid:
+			r.problem("mislinked: student %s is linked to %s but Users stored no user under key %s", s.ID, s.UserID.UUID, o.Key)
+			return Mislinked
+		case ib.ResourceID.UUID != s.UserID.UUID:
+			r.problem("mislinked: student %s is linked to %s but Users stored %s under key %s", s.ID, s.UserID.UUID, ib.ResourceID.UUID, o.Key)
+			return Mislinked
+		}
+		u, ok := users[s.UserID.UUID]
+		switch {
+		case !ok:
+			r.problem("mislinked: student %s is linked to %s, which is not in Users", s.ID, s.UserID.UUID)
+			return Mislinked
+		case u.DocumentNumber != s.DocumentNumber:
+			r.problem("mislinked: student %s (document %s) is linked to user %s with document %s", s.ID, s.DocumentNumber, u.ID, u.DocumentNumber)
+			return Mislinked
+		}
+		return Linked
+
+	case !hasOutbox:
+		r.problem("lost: student %s has no create-user outbox row", s.ID)
+		return Lost
+
+	case o.State == "dead":
+		switch {
+		case hasInbox && ib.ResourceID.Valid:
+			r.problem("lost: student %s was dead-lettered (%q) although Users created user %s under key %s", s.ID, o.LastError, ib.ResourceID.UUID, o.Key)
+			return Lost
+		case o.LastError == "":
+			r.problem("lost: student %s was dead-lettered without a reason", s.ID)
+			return Lost
+		}
+		return Dead
+
+	case o.State == "pending":
+		r.problem("pending: student %s still waits for delivery (attempts %d, last error %q)", s.ID, o.Attempts, o.LastError)
+		return Pending
+	}
+	if hasInbox && ib.ResourceID.Valid {
+		r.problem("lost: student %s: outbox row is %s but user_id is unset; Users created %s under key %s", s.ID, o.State, ib.ResourceID.UUID, o.Key)
+	} else {
+		r.problem("lost: student %s: outbox row is %s but user_id is unset and Users stored no user under key %s", s.ID, o.State, o.Key)
+	}
+	return Lost
+}
+
+// Expect is what a scenario allows beyond the invariants.
+type Expect struct {
+	Dead int // dead-lettered rows the scenario provokes on purpose
+}
+
+// Violations lists what is wrong with a report. Lost, duplicated,
+// mislinked, unexpected and vanished must be zero; nothing may still be
+// pending once the system is quiet; and exactly the expected rows are dead.
+func Violations(r Report, e Expect) []string {
+	var v []string
+	for _, c := range []struct {
+		name string
+		n    int
+	}{
+		{"lost", r.Lost}, {"duplicated", r.Duplicated}, {"mislinked", r.Mislinked},
+		{"unexpected", r.Unexpected}, {"vanished", r.Vanished}, {"pending", r.Pending},
+	} {
+		if c.n != 0 {
+			v = append(v, fmt.Sprintf("%s = %d, want 0", c.name, c.n))
+		}
+	}
+	if r.Dead != e.Dead {
+		v = append(v, fmt.Sprintf("dead = %d, want %d", r.Dead, e.Dead))
+	}
+	return v
+}
+
+// Table renders the report as a two-line table, the figures the README
+// quotes.
+func (r Report) Table() string {
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "students\tlinked\tdead\tpending\tlost\tduplicated\tmislinked\tvanished\t|\tusers\tforeign\tunexpected\t|\tredeliveries\treplays\t")
+	fmt.Fprintf(w, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t|\t%d\t%d\t%d\t|\t%d\t%d\t\n",
+		r.Students, r.Linked, r.Dead, r.Pending, r.Lost, r.Duplicated, r.Mislinked, r.Vanished,
+		r.Users, r.Foreign, r.Unexpected, r.Redeliveries, r.Replays)
+	_ = w.Flush()
+	if len(r.DeadReasons) > 0 {
+		reasons := make([]string, 0, len(r.DeadReasons))
+		for why, n := range r.DeadReasons {
+			reasons = append(reasons, fmt.Sprintf("  %d × %s", n, why))
+		}
+		slices.Sort(reasons)
+		b.WriteString("dead-letter reasons:\n" + strings.Join(reasons, "\n") + "\n")
+	}
+	if len(r.Problems) > 0 {
+		b.WriteString("first problems:\n  " + strings.Join(r.Problems, "\n  ") + "\n")
+	}
+	return b.String()
+}
+
+// Load reads the state of both databases. Each database is read in one
+// repeatable-read transaction, so the rows of one database are consistent
+// with each other.
+func Load(ctx context.Context, studentURL, usersURL string) (State, error) {
+	var st State
+	err := readOnly(ctx, studentURL, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT id, document_number, user_id FROM students`)
+		if err != nil {
+			return err
+		}
+		st.Students, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (StudentRow, error) {
+			var s StudentRow
+			return s, row.Scan(&s.ID, &s.DocumentNumber, &s.UserID)
+		})
+		if err != nil {
+			return fmt.Errorf("students: %w", err)
+		}
+		rows, err = tx.Query(ctx, `SELECT student_id, idempotency_key::text, state, attempts,
+			coalesce(last_error, ''), coalesce(claimed_by, '') FROM outbox WHERE operation = 'create-user'`)
+		if err != nil {
+			return err
+		}
+		st.Outbox, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxRow, error) {
+			var o OutboxRow
+			return o, row.Scan(&o.StudentID, &o.Key, &o.State, &o.Attempts, &o.LastError, &o.ClaimedBy)
+		})
+		if err != nil {
+			return fmt.Errorf("outbox: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return State{}, fmt.Errorf("read Student's database: %w", err)
+	}
+	err = readOnly(ctx, usersURL, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT id, document_number, enabled FROM users`)
+		if err != nil {
+			return err
+		}
+		st.Users, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (UserRow, error) {
+			var u UserRow
+			return u, row.Scan(&u.ID, &u.DocumentNumber, &u.Enabled)
+		})
+		if err != nil {
+			return fmt.Errorf("users: %w", err)
+		}
+		rows, err = tx.Query(ctx, `SELECT idempotency_key, coalesce(status_code, 0), resource_id, replays FROM inbox`)
+		if err != nil {
+			return err
+		}
+		st.Inbox, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (InboxRow, error) {
+			var ib InboxRow
+			return ib, row.Scan(&ib.Key, &ib.StatusCode, &ib.ResourceID, &ib.Replays)
+		})
+		if err != nil {
+			return fmt.Errorf("inbox: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return State{}, fmt.Errorf("read Users' database: %w", err)
+	}
+	return st, nil
+}
+
+func readOnly(ctx context.Context, url string, f func(pgx.Tx) error) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, f)
+}
