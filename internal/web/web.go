@@ -19,6 +19,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+
 	"github.com/outboxref/outboxref/internal/problem"
 )
 
@@ -184,6 +187,19 @@ func Handle(log *slog.Logger, h HandlerFunc) http.HandlerFunc {
 			problem.Write(w, r, log, err)
 		}
 	}
+}
+
+// NewRouter returns a router with what every binary's HTTP server shares:
+// panic recovery, request logs, problem+json for unknown routes and
+// methods, /healthz, and /readyz backed by ping.
+func NewRouter(log *slog.Logger, ping func(context.Context) error) chi.Router {
+	r := chi.NewRouter()
+	r.Use(middleware.Recoverer, LogRequests(log))
+	r.NotFound(NotFound)
+	r.MethodNotAllowed(MethodNotAllowed)
+	r.Get("/healthz", Healthz)
+	r.Get("/readyz", Readyz(log, ping))
+	return r
 }
 
 // NotFound and MethodNotAllowed answer unknown routes with problem details,

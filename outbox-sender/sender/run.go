@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -48,11 +47,7 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stdout
 	reg.MustRegister(s.Collectors()...)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	admin := chi.NewRouter()
-	admin.NotFound(web.NotFound)
-	admin.MethodNotAllowed(web.MethodNotAllowed)
-	admin.Get("/healthz", web.Healthz)
-	admin.Get("/readyz", web.Readyz(log, pool.Ping))
+	admin := web.NewRouter(log, pool.Ping)
 	admin.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/chi/v5/middleware"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,12 +43,7 @@ func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
 
 // Routes returns every route Users serves.
 func (s *Server) Routes() http.Handler {
-	r := chi.NewRouter()
-	r.Use(middleware.Recoverer, web.LogRequests(s.log))
-	r.NotFound(web.NotFound)
-	r.MethodNotAllowed(web.MethodNotAllowed)
-	r.Get("/healthz", web.Healthz)
-	r.Get("/readyz", web.Readyz(s.log, s.pool.Ping))
+	r := web.NewRouter(s.log, s.pool.Ping)
 	r.Post("/users", web.Handle(s.log, s.createUser))
 	r.Get("/users/{id}", web.Handle(s.log, s.getUser))
 	return r
