@@ -7,7 +7,7 @@ SQLC := $(GO) tool -modfile=tools/go.mod sqlc
 ## test: every unit and integration test, on a throwaway PostgreSQL cluster
 ## (or on the server in TEST_DATABASE_URL when it is set).
 test:
-	$(GO) run ./internal/cmd/withpostgres -- $(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) run ./testkit/withpostgres -- $(GO) test -race -count=1 -timeout 15m ./...
 
 ## e2e: the fault-injection suite: real binaries, real clusters, a fault proxy.
 e2e:
@@ -36,4 +36,4 @@ ci: fmt-check vet check-generated test e2e
 ## bench: sender throughput against its one-row-at-a-time baseline, on a
 ## throwaway PostgreSQL; prints every round and the medians.
 bench:
-	$(GO) run ./internal/cmd/withpostgres -- $(GO) run ./internal/cmd/benchsender
+	$(GO) run ./testkit/withpostgres -- $(GO) run ./testkit/bench

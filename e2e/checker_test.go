@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/pgtest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 // world builds a State one student at a time, the way the system would

@@ -20,11 +20,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outboxref/internal/pgcluster"
+	"github.com/outboxref/outboxref/testkit/pgcluster"
 )
 
 // scenarioDef is one fault scenario.
@@ -225,31 +224,14 @@ func (s *scenario) ownClusters() (student, users *pgcluster.Cluster) {
 	return student, users
 }
 
-// createDatabase makes a fresh database with durable commits. The clusters
-// run with synchronous_commit=off for speed, which lets a killed server
-// forget commits it already acknowledged; a per-database setting overrides
-// the server's, so "nothing committed may be lost" is judged honestly. (With
-// fsync=off a killed postmaster still loses nothing the kernel has, and
-// these scenarios kill processes, not the machine.)
+// createDatabase makes a fresh, empty database with durable commits (see
+// pgcluster.CreateDatabase), named after the scenario for inspection.
 func (s *scenario) createDatabase(c *pgcluster.Cluster, role string) string {
-	t := s.t
 	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 	defer cancel()
 	name := fmt.Sprintf("s%s_%s_%s_%d", s.def.id[:2], strings.ReplaceAll(s.bins.label, "-", "_"), role, dbCounter.Add(1))
 	url, err := c.CreateDatabase(ctx, name)
-	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, c.URL())
-	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET synchronous_commit = on")
-	require.NoError(t, err)
-
-	check, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	defer check.Close(context.WithoutCancel(ctx))
-	var setting string
-	require.NoError(t, check.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting))
-	require.Equal(t, "on", setting, "commits in %s must be durable", name)
+	require.NoError(s.t, err)
 	return url
 }
 

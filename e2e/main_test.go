@@ -19,7 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/outboxref/outboxref/internal/pgcluster"
+	"github.com/outboxref/outboxref/testkit/pgcluster"
 )
 
 // suite is what every scenario shares: the binaries, built once, and one
@@ -193,7 +193,9 @@ func goBuild(outDir, overlay string, pkgs ...string) error {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
-	args := []string{"build", "-o", outDir + string(filepath.Separator)}
+	// The crash points the scenarios use exist only in builds with this
+	// tag; the shipped binaries are built without it.
+	args := []string{"build", "-tags", "crashpoints", "-o", outDir + string(filepath.Separator)}
 	if overlay != "" {
 		args = append(args, "-overlay", overlay)
 	}

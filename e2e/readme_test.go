@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"regexp"
-	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -14,32 +17,94 @@ import (
 	"github.com/outboxref/outboxref/services/users/usersvc"
 )
 
-// TestReadmeDocumentsEveryVariable keeps the README's configuration tables
-// and the binaries in step: every variable a binary reads has a row, and
-// every row names a variable some binary reads.
-func TestReadmeDocumentsEveryVariable(t *testing.T) {
+// configLoaders are the binaries' config loaders, by the README heading of
+// their configuration table.
+var configLoaders = map[string]func(func(string) string) *envconfig.Reader{
+	"student":       func(g func(string) string) *envconfig.Reader { _, r, _ := studentsvc.LoadConfig(g); return r },
+	"users":         func(g func(string) string) *envconfig.Reader { _, r, _ := usersvc.LoadConfig(g); return r },
+	"outbox-sender": func(g func(string) string) *envconfig.Reader { _, r, _ := sender.LoadConfig(g); return r },
+}
+
+// readmeConfig reads the README's configuration tables: for each binary's
+// heading (a line such as **student**), its rows' variable and default.
+func readmeConfig(t *testing.T, readme string) map[string]map[string]string {
+	t.Helper()
+	section := readme[strings.Index(readme, "## Configuration"):]
+	section = section[:strings.Index(section[3:], "\n## ")+3]
+	heading := regexp.MustCompile(`^\*\*([a-z-]+)\*\*$`)
+	row := regexp.MustCompile("^\\| `([A-Z_]+)` \\| ([^|]*) \\|")
+	tables := map[string]map[string]string{}
+	current := ""
+	for line := range strings.SplitSeq(section, "\n") {
+		if m := heading.FindStringSubmatch(line); m != nil {
+			current = m[1]
+			tables[current] = map[string]string{}
+		}
+		if m := row.FindStringSubmatch(line); m != nil {
+			require.NotEmpty(t, current, "a configuration row before any binary's heading: %s", line)
+			tables[current][m[1]] = strings.TrimSpace(m[2])
+		}
+	}
+	return tables
+}
+
+// TestReadmeConfigurationMatchesCode keeps the README's configuration tables
+// and the binaries in step: each binary's table lists exactly the variables
+// its LoadConfig reads, each with the default LoadConfig uses.
+func TestReadmeConfigurationMatchesCode(t *testing.T) {
 	t.Parallel()
 	readme, err := os.ReadFile("../README.md")
 	require.NoError(t, err)
-	rows := regexp.MustCompile("(?m)^\\| `([A-Z_]+)` \\|").FindAllSubmatch(readme, -1)
-	var documented []string
-	for _, m := range rows {
-		documented = append(documented, string(m[1]))
+	tables := readmeConfig(t, string(readme))
+	require.Len(t, tables, len(configLoaders), "one configuration table per binary")
+	for name, load := range configLoaders {
+		table, ok := tables[name]
+		require.True(t, ok, "README has no configuration table headed **%s**", name)
+		vars := load(func(string) string { return "" }).Vars()
+		require.Len(t, table, len(vars), "%s: README rows %v", name, table)
+		for _, v := range vars {
+			cell, ok := table[v.Name]
+			require.True(t, ok, "%s reads %s, which the README's table does not list", name, v.Name)
+			require.NoError(t, sameDefault(cell, v.Default), "%s %s", name, v.Name)
+		}
 	}
+}
 
-	none := func(string) string { return "" }
-	var read []string
-	for _, load := range []func(func(string) string) *envconfig.Reader{
-		func(g func(string) string) *envconfig.Reader { _, r, _ := studentsvc.LoadConfig(g); return r },
-		func(g func(string) string) *envconfig.Reader { _, r, _ := usersvc.LoadConfig(g); return r },
-		func(g func(string) string) *envconfig.Reader { _, r, _ := sender.LoadConfig(g); return r },
-	} {
-		read = append(read, load(none).Names()...)
+// sameDefault compares a README cell such as `5s`, `10000` or `:8080` with
+// a default from the code, by its type.
+func sameDefault(cell string, def any) error {
+	if !strings.HasPrefix(cell, "`") || !strings.HasSuffix(cell, "`") {
+		return fmt.Errorf("default %q: write it in backquotes", cell)
 	}
-	slices.Sort(read)
-	read = slices.Compact(read)
-	slices.Sort(documented)
-	documented = slices.Compact(documented)
-	require.NotEmpty(t, documented, "no configuration rows found in the README")
-	require.Equal(t, read, documented, "README configuration tables vs variables the binaries read")
+	v := strings.Trim(cell, "`")
+	var same bool
+	switch d := def.(type) {
+	case string:
+		same = v == d
+	case int:
+		n, err := strconv.Atoi(strings.ReplaceAll(v, ",", ""))
+		same = err == nil && n == d
+	case time.Duration:
+		p, err := time.ParseDuration(v)
+		same = err == nil && p == d
+	default:
+		return fmt.Errorf("default of type %T: teach this test to compare it", def)
+	}
+	if !same {
+		return fmt.Errorf("README says %s, the code %v", cell, def)
+	}
+	return nil
+}
+
+// TestReadmeConfigCheckerCatchesMistakes proves the check above can fail.
+func TestReadmeConfigCheckerCatchesMistakes(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, sameDefault("`5s`", 5*time.Second))
+	require.NoError(t, sameDefault("`10,000`", 10000))
+	require.Error(t, sameDefault("`1000`", 10000))
+	require.Error(t, sameDefault("`4s`", 5*time.Second))
+	require.Error(t, sameDefault("`:8081`", ":8080"))
+	require.Error(t, sameDefault(":8080", ":8080"))
+	tables := readmeConfig(t, "## Configuration\n**users**\n| `USERS_X` | `1s` | x |\n## Next\n| `NOT_ME` | `2` | y |\n")
+	require.Equal(t, map[string]map[string]string{"users": {"USERS_X": "`1s`"}}, tables)
 }

@@ -15,7 +15,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := sender.Main(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	if err := sender.Run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-sender:", err)
 		os.Exit(1)
 	}

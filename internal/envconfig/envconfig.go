@@ -11,14 +11,24 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Reader collects values and errors. Names records every variable read, so a
-// test can check that a deployment file sets only variables a binary knows.
+// Reader collects values and errors. It records every variable read with
+// its default, so tests can check that a deployment file sets only variables
+// a binary knows and that the README's defaults are the code's.
 type Reader struct {
 	getenv func(string) string
-	names  []string
+	vars   []Var
 	errs   []error
+}
+
+// Var is a variable a binary reads, and its default: a string, int or
+// time.Duration, or for a default computed at start a string describing it.
+type Var struct {
+	Name    string
+	Default any
 }
 
 // New reads through getenv (os.Getenv in production, a map in tests).
@@ -26,8 +36,8 @@ func New(getenv func(string) string) *Reader {
 	return &Reader{getenv: getenv}
 }
 
-func (r *Reader) lookup(name string) (string, bool) {
-	r.names = append(r.names, name)
+func (r *Reader) lookup(name string, def any) (string, bool) {
+	r.vars = append(r.vars, Var{Name: name, Default: def})
 	v := r.getenv(name)
 	return v, v != ""
 }
@@ -38,10 +48,19 @@ func (r *Reader) fail(name, value, why string) {
 
 // String returns the variable or def when it is unset or empty.
 func (r *Reader) String(name, def string) string {
-	if v, ok := r.lookup(name); ok {
+	if v, ok := r.lookup(name, def); ok {
 		return v
 	}
 	return def
+}
+
+// Computed is String with a default computed at start (only when the
+// variable is unset); doc describes it, as the README does.
+func (r *Reader) Computed(name, doc string, def func() string) string {
+	if v, ok := r.lookup(name, doc); ok {
+		return v
+	}
+	return def()
 }
 
 // OneOf returns the variable, which must be one of options.
@@ -56,17 +75,41 @@ func (r *Reader) OneOf(name, def string, options ...string) string {
 // URL returns the variable, which must parse as an absolute URL with one of
 // the given schemes.
 func (r *Reader) URL(name, def string, schemes ...string) string {
+	v, _ := r.url(name, def, schemes)
+	return v
+}
+
+func (r *Reader) url(name, def string, schemes []string) (string, bool) {
 	v := r.String(name, def)
 	u, err := url.Parse(v)
 	if err != nil || u.Host == "" && u.Path == "" || !slices.Contains(schemes, u.Scheme) {
-		r.fail(name, v, fmt.Sprintf("want an absolute URL with scheme %v", schemes))
+		// A database URL may hold a password: never echo one.
+		shown := "(not shown: it does not parse, and may hold a password)"
+		if err == nil {
+			shown = strconv.Quote(u.Redacted())
+		}
+		r.errs = append(r.errs, fmt.Errorf("%s=%s: want an absolute URL with scheme %v", name, shown, schemes))
+		return v, false
+	}
+	return v, true
+}
+
+// DatabaseURL returns the variable, which must be a PostgreSQL connection
+// URL that pgx accepts. The value is never echoed: it may hold a password.
+func (r *Reader) DatabaseURL(name, def string) string {
+	v, ok := r.url(name, def, []string{"postgres", "postgresql"})
+	if !ok {
+		return v
+	}
+	if _, err := pgconn.ParseConfig(v); err != nil {
+		r.errs = append(r.errs, fmt.Errorf("%s: not a connection URL pgx accepts (the value is not shown: it may hold a password)", name))
 	}
 	return v
 }
 
 // Int returns the variable as an integer within [lo, hi].
 func (r *Reader) Int(name string, def, lo, hi int) int {
-	v, ok := r.lookup(name)
+	v, ok := r.lookup(name, def)
 	if !ok {
 		return def
 	}
@@ -81,7 +124,7 @@ func (r *Reader) Int(name string, def, lo, hi int) int {
 // Duration returns the variable as a Go duration ("500ms", "30s", "168h")
 // within [lo, hi].
 func (r *Reader) Duration(name string, def, lo, hi time.Duration) time.Duration {
-	v, ok := r.lookup(name)
+	v, ok := r.lookup(name, def)
 	if !ok {
 		return def
 	}
@@ -101,7 +144,16 @@ func (r *Reader) Check(ok bool, format string, args ...any) {
 }
 
 // Names lists the variables read so far.
-func (r *Reader) Names() []string { return slices.Clone(r.names) }
+func (r *Reader) Names() []string {
+	names := make([]string, len(r.vars))
+	for i, v := range r.vars {
+		names[i] = v.Name
+	}
+	return names
+}
+
+// Vars lists the variables read so far with their defaults.
+func (r *Reader) Vars() []Var { return slices.Clone(r.vars) }
 
 // Err joins every problem found, or nil.
 func (r *Reader) Err() error {

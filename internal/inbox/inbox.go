@@ -1,8 +1,12 @@
-// Package inbox owns idempotent request handling on the receiving side: the
-// Idempotency-Key header, the fingerprint of a request, and the inbox table
-// where each key's outcome is stored in the same transaction as its effect.
-// Both services use it: Users for the sender's create-user deliveries,
-// Student for clients' POST /students.
+// Package inbox runs an operation at most once per idempotency key: the
+// operation's effect and the answer it produced are stored in one local
+// transaction, and a repeat of the key gets the stored answer back instead of
+// running again. Both services use it: Users for the sender's create-user
+// deliveries, Student for clients' POST /students.
+//
+// It knows keys, fingerprints and the inbox table, and nothing of HTTP: the
+// answer it stores is data (a status and a body), and its refusals are
+// errors that the HTTP layer renders.
 package inbox
 
 import (
@@ -12,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"slices"
 	"time"
 
@@ -23,13 +26,26 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/inbox/inboxdb"
-	"github.com/outboxref/outboxref/internal/problem"
-	"github.com/outboxref/outboxref/internal/web"
 )
 
-// ReplayedHeader marks a response served from the inbox rather than made
-// afresh. The first response for a key never carries it.
-const ReplayedHeader = "Idempotent-Replayed"
+var (
+	// ErrKeyInProgress: another request with the same key is still in its
+	// transaction, and did not finish within the wait. Retry later.
+	ErrKeyInProgress = errors.New("inbox: another request with this key is still in progress")
+	// ErrConflictInProgress: the operation waited too long for a lock held
+	// by a different, conflicting request (the same document number under
+	// another key, say). Nothing is stored; retry later.
+	ErrConflictInProgress = errors.New("inbox: a conflicting request is still in progress")
+)
+
+// MismatchError is a key reused with a request whose fields differ from the
+// first request sent with it. Only the names of the fields are kept: the
+// first request may hold data the second sender should not see.
+type MismatchError struct{ Fields []string }
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("inbox: key reused with a different request (fields %v differ)", e.Fields)
+}
 
 // Request is the canonical form of a request body: field name to value,
 // after decoding and validation, so that key order, whitespace in the JSON
@@ -73,30 +89,12 @@ func DifferingFields(stored []byte, r Request) ([]string, error) {
 	return names, nil
 }
 
-// Outcome is what a request under a key produced: the response to send, and
-// the id of what it created, if anything. It is stored with the key.
+// Outcome is the answer an operation produced: the status and body to send,
+// and the id of what it created, if anything. It is stored with the key.
 type Outcome struct {
 	Status     int
 	Body       []byte
 	ResourceID uuid.UUID // uuid.Nil when nothing was created
-}
-
-// Refusal is the Outcome of a business rule saying no: stored and replayed
-// like a success, because a repeat of the key must get the same answer.
-func Refusal(p *problem.Error) Outcome {
-	return Outcome{Status: p.Status, Body: p.Body()}
-}
-
-// Write sends the outcome: Idempotent-Replayed when it came from the inbox,
-// and Location (locationPrefix + id) when it created something.
-func (o Outcome) Write(w http.ResponseWriter, replayed bool, locationPrefix string) {
-	if replayed {
-		w.Header().Set(ReplayedHeader, "true")
-	}
-	if o.ResourceID != uuid.Nil {
-		w.Header().Set("Location", locationPrefix+o.ResourceID.String())
-	}
-	web.WriteRaw(w, o.Status, o.Body)
 }
 
 // Op performs a request's effect inside the inbox transaction. It returns an
@@ -124,11 +122,11 @@ func New(pool *pgxpool.Pool) *Inbox {
 // Do runs op once for key. The first request for a key claims it, runs op
 // and stores the outcome in one transaction. A repeat with the same
 // fingerprint gets the stored outcome back with replayed set and runs
-// nothing. A repeat with a different fingerprint is a 422 problem naming the
-// fields that differ. A request arriving while another with the same key is
-// still in its transaction waits for that transaction (Postgres' unique
-// index does the waiting) and then replays its outcome; if the wait exceeds
-// LockTimeout the answer is 409 with Retry-After.
+// nothing. A repeat with a different fingerprint is a *MismatchError naming
+// the fields that differ. A request arriving while another with the same key
+// is still in its transaction waits for that transaction (PostgreSQL's
+// unique index does the waiting) and then replays its outcome; if the wait
+// exceeds LockTimeout the error is ErrKeyInProgress.
 func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Outcome, replayed bool, err error) {
 	err = ib.tx(ctx, func(tx pgx.Tx) error {
 		_, err := ib.q.ClaimKey(ctx, tx, inboxdb.ClaimKeyParams{
@@ -140,11 +138,7 @@ func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Ou
 			replayed = err == nil
 			return err
 		case isLockTimeout(err):
-			return &problem.Error{
-				Type: problem.TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict,
-				Detail:     "another request with this Idempotency-Key is still being processed; retry later",
-				RetryAfter: time.Second,
-			}
+			return ErrKeyInProgress
 		case err != nil:
 			return fmt.Errorf("claim idempotency key: %w", err)
 		}
@@ -176,7 +170,7 @@ func (ib *Inbox) Once(ctx context.Context, op Op) (out Outcome, err error) {
 
 // tx runs fn in a transaction whose lock waits end after LockTimeout. A wait
 // that times out anywhere but on the key (another request inserting the
-// same document number, say) is a 503 with Retry-After: nothing is wrong
+// same document number, say) is ErrConflictInProgress: nothing is wrong
 // with the request, it just could not be decided in time.
 func (ib *Inbox) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 	err := pgx.BeginFunc(ctx, ib.pool, func(tx pgx.Tx) error {
@@ -187,11 +181,7 @@ func (ib *Inbox) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 		return fn(tx)
 	})
 	if isLockTimeout(err) {
-		return &problem.Error{
-			Type: problem.TypeUnavailable, Title: "Busy", Status: http.StatusServiceUnavailable,
-			Detail:     "a conflicting request is still being processed; retry later",
-			RetryAfter: time.Second,
-		}
+		return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
 	}
 	return err
 }
@@ -211,15 +201,7 @@ func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key string, req Request)
 		if err != nil {
 			return Outcome{}, err
 		}
-		p := &problem.Error{
-			Type: problem.TypeIdempotencyMismatch, Title: "Idempotency key reused with a different request",
-			Status: http.StatusUnprocessableEntity,
-			Detail: "this Idempotency-Key was first used with a request whose fields differ; use a new key for a new request",
-		}
-		for _, f := range fields {
-			p.Errors = append(p.Errors, problem.FieldError{Field: f, Detail: "differs from the first request sent with this key"})
-		}
-		return Outcome{}, p
+		return Outcome{}, &MismatchError{Fields: fields}
 	}
 	if !row.StatusCode.Valid {
 		// The claim and the outcome are written in one transaction, so a

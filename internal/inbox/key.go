@@ -2,8 +2,6 @@ package inbox
 
 import (
 	"errors"
-	"fmt"
-	"net/http"
 	"strings"
 )
 
@@ -11,23 +9,8 @@ import (
 // room to spare; anything longer is more likely a mistake than a key.
 const MaxKeyLen = 255
 
-// ErrNoKey is returned by ParseKey for an absent or empty header.
+// ErrNoKey is returned by ParseKey for an empty value.
 var ErrNoKey = errors.New("the Idempotency-Key header is required")
-
-// HeaderKey reads the Idempotency-Key header of h. present is false when
-// the request has none; more than one is an error rather than a guess at
-// which one the client meant.
-func HeaderKey(h http.Header) (key string, present bool, err error) {
-	values := h.Values("Idempotency-Key")
-	switch len(values) {
-	case 0:
-		return "", false, nil
-	case 1:
-		key, err := ParseKey(values[0])
-		return key, true, err
-	}
-	return "", true, fmt.Errorf("send one Idempotency-Key header, not %d", len(values))
-}
 
 // ParseKey reads an Idempotency-Key header value. It accepts the form the
 // IETF draft specifies, a structured-field string ("8e03978e-..."), and the

@@ -1,20 +1,16 @@
 // Package person owns the fields both services accept for a person (name,
-// email, document number): decoding, the validation rules, and the canonical
-// form used to fingerprint a request. Student and Users apply the same rules
+// email, document number): the validation rules, and the canonical form used
+// to fingerprint a request. It is a leaf: it knows nothing of HTTP, the
+// database or the inbox. Student and Users apply the same rules
 // so that anything Student accepts, Users accepts too: a row the sender could
 // never deliver would otherwise sit in the outbox until it dead-letters.
 package person
 
 import (
-	"net/http"
 	"net/mail"
 	"strings"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/outboxref/outboxref/internal/inbox"
-	"github.com/outboxref/outboxref/internal/problem"
-	"github.com/outboxref/outboxref/internal/web"
 )
 
 // Limits on each field, in characters.
@@ -32,40 +28,49 @@ type Person struct {
 	DocumentNumber string `json:"document_number"`
 }
 
-// input distinguishes a missing field (nil) from an empty one.
-type input struct {
+// Input is a person as a client sent it; a nil field was missing, which is
+// told apart from an empty one.
+type Input struct {
 	Name           *string `json:"name"`
 	Email          *string `json:"email"`
 	DocumentNumber *string `json:"document_number"`
 }
 
-// Decode reads and validates a Person from the request body. Every field at
-// fault is named in one 400 problem.
-func Decode(w http.ResponseWriter, r *http.Request) (Person, error) {
-	var in input
-	if err := web.DecodeJSON(w, r, &in); err != nil {
-		return Person{}, err
-	}
-	return in.validate()
+// FieldError names one field and what is wrong with it.
+type FieldError struct {
+	Field, Detail string
 }
 
-func (in input) validate() (Person, error) {
+// InvalidError lists every field at fault, in the order of Person's fields.
+type InvalidError struct{ Fields []FieldError }
+
+func (e *InvalidError) Error() string {
+	msg := "invalid person:"
+	for _, f := range e.Fields {
+		msg += " " + f.Field + " " + f.Detail + ";"
+	}
+	return strings.TrimSuffix(msg, ";")
+}
+
+// Validate trims the fields and checks them. Every field at fault is named
+// in one *InvalidError.
+func (in Input) Validate() (Person, error) {
 	var (
 		p    Person
-		errs []problem.FieldError
+		errs []FieldError
 	)
 	field := func(name string, v *string, check func(string) string) string {
 		if v == nil {
-			errs = append(errs, problem.FieldError{Field: name, Detail: "required"})
+			errs = append(errs, FieldError{Field: name, Detail: "required"})
 			return ""
 		}
 		s := strings.TrimSpace(*v)
 		if s == "" {
-			errs = append(errs, problem.FieldError{Field: name, Detail: "must not be empty"})
+			errs = append(errs, FieldError{Field: name, Detail: "must not be empty"})
 			return ""
 		}
 		if why := check(s); why != "" {
-			errs = append(errs, problem.FieldError{Field: name, Detail: why})
+			errs = append(errs, FieldError{Field: name, Detail: why})
 		}
 		return s
 	}
@@ -73,7 +78,7 @@ func (in input) validate() (Person, error) {
 	p.Email = field("email", in.Email, checkEmail)
 	p.DocumentNumber = field("document_number", in.DocumentNumber, checkDocument)
 	if len(errs) > 0 {
-		return Person{}, problem.Validation(errs...)
+		return Person{}, &InvalidError{Fields: errs}
 	}
 	return p, nil
 }
@@ -114,7 +119,8 @@ func checkDocument(s string) string {
 	return ""
 }
 
-// Request is the canonical form fingerprinted under an idempotency key.
-func (p Person) Request() inbox.Request {
-	return inbox.Request{"name": p.Name, "email": p.Email, "document_number": p.DocumentNumber}
+// Fields is the canonical form of the person, field name to value: what
+// an idempotency key's fingerprint is taken of.
+func (p Person) Fields() map[string]string {
+	return map[string]string{"name": p.Name, "email": p.Email, "document_number": p.DocumentNumber}
 }

@@ -2,107 +2,32 @@ package person
 
 import (
 	"errors"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/outboxref/outboxref/internal/problem"
-	"github.com/outboxref/outboxref/internal/web"
 )
 
-func decode(body, contentType string) (Person, error) {
-	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
-	if contentType != "" {
-		r.Header.Set("Content-Type", contentType)
-	}
-	return Decode(httptest.NewRecorder(), r)
-}
+func ptr(s string) *string { return &s }
 
-func TestDecode(t *testing.T) {
+func TestValidateTrimsAndAccepts(t *testing.T) {
 	t.Parallel()
-	ok := `{"name":"Ada Lovelace","email":"ada@example.com","document_number":"123.456-7"}`
-	tests := []struct {
-		name        string
-		body        string
-		contentType string
-		status      int
-		fields      []string // fields the problem must name, in order
-	}{
-		{name: "valid", body: ok},
-		{name: "valid with charset", body: ok, contentType: "application/json; charset=utf-8"},
-		{name: "surrounding spaces trimmed", body: `{"name":" Ada ","email":"ada@example.com","document_number":"123"}`},
-		{name: "wrong content type", body: ok, contentType: "text/plain", status: 415},
-		{name: "empty body", body: "", status: 400, fields: []string{"body"}},
-		{name: "malformed", body: `{"name":`, status: 400, fields: []string{"body"}},
-		{name: "syntax error", body: `{"name" "x"}`, status: 400, fields: []string{"body"}},
-		{name: "not an object", body: `[1,2]`, status: 400, fields: []string{"body"}},
-		{name: "trailing data", body: ok + `{}`, status: 400, fields: []string{"body"}},
-		{name: "unknown field", body: `{"name":"A","email":"a@b.co","document_number":"123","admin":true}`, status: 400, fields: []string{"admin"}},
-		{name: "known name in another case", body: `{"NAME":"A","email":"a@b.co","document_number":"123"}`, status: 400, fields: []string{"NAME"}},
-		{name: "field given twice", body: `{"name":"A","email":"a@b.co","document_number":"123","name":"B"}`, status: 400, fields: []string{"name"}},
-		{name: "wrong type", body: `{"name":42,"email":"a@b.co","document_number":"123"}`, status: 400, fields: []string{"name"}},
-		{name: "all missing", body: `{}`, status: 400, fields: []string{"name", "email", "document_number"}},
-		{name: "null is missing", body: `{"name":null,"email":"a@b.co","document_number":"123"}`, status: 400, fields: []string{"name"}},
-		{name: "empty strings", body: `{"name":"","email":" ","document_number":""}`, status: 400, fields: []string{"name", "email", "document_number"}},
-		{name: "name too long", body: `{"name":"` + strings.Repeat("é", MaxName+1) + `","email":"a@b.co","document_number":"123"}`, status: 400, fields: []string{"name"}},
-		{name: "name at limit", body: `{"name":"` + strings.Repeat("é", MaxName) + `","email":"a@b.co","document_number":"123"}`},
-		{name: "control character", body: `{"name":"A\u0007","email":"a@b.co","document_number":"123"}`, status: 400, fields: []string{"name"}},
-		{name: "bad email", body: `{"name":"A","email":"not-an-email","document_number":"123"}`, status: 400, fields: []string{"email"}},
-		{name: "email with display name", body: `{"name":"A","email":"Ada <a@b.co>","document_number":"123"}`, status: 400, fields: []string{"email"}},
-		{name: "email too long", body: `{"name":"A","email":"` + strings.Repeat("a", 250) + `@b.co","document_number":"123"}`, status: 400, fields: []string{"email"}},
-		{name: "document too short", body: `{"name":"A","email":"a@b.co","document_number":"12"}`, status: 400, fields: []string{"document_number"}},
-		{name: "document bad characters", body: `{"name":"A","email":"a@b.co","document_number":"12 34"}`, status: 400, fields: []string{"document_number"}},
-		{name: "oversized body", body: `{"name":"` + strings.Repeat("a", web.MaxBodyBytes) + `"}`, status: 400, fields: []string{"body"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			p, err := decode(tt.body, tt.contentType)
-			if tt.status == 0 {
-				require.NoError(t, err)
-				require.Equal(t, strings.TrimSpace(p.Name), p.Name)
-				require.NotEmpty(t, p.Email)
-				return
-			}
-			var pe *problem.Error
-			require.True(t, errors.As(err, &pe), "want a problem, got %v", err)
-			require.Equal(t, tt.status, pe.Status)
-			var named []string
-			for _, f := range pe.Errors {
-				named = append(named, f.Field)
-			}
-			if tt.fields != nil {
-				require.Equal(t, tt.fields, named)
-			}
-		})
-	}
+	p, err := Input{Name: ptr(" Ada Lovelace "), Email: ptr("ada@example.com"), DocumentNumber: ptr("123.456-7")}.Validate()
+	require.NoError(t, err)
+	require.Equal(t, Person{Name: "Ada Lovelace", Email: "ada@example.com", DocumentNumber: "123.456-7"}, p)
+	require.Equal(t, map[string]string{"name": "Ada Lovelace", "email": "ada@example.com", "document_number": "123.456-7"}, p.Fields())
 }
 
-// FuzzDecode feeds arbitrary bodies to the decoder: it must never panic, and
-// it must either accept a body as a Person that passes validation again, or
-// reject it with a 4xx problem that names at least one field.
-func FuzzDecode(f *testing.F) {
-	for _, s := range []string{
-		`{"name":"Ada","email":"ada@example.com","document_number":"123"}`,
-		`{}`, `[]`, `null`, `{"name":1}`, `{"x":"y"}`, `{"name":"a"}{"b":1}`, "\xff",
-	} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, body string) {
-		p, err := decode(body, "application/json")
-		if err == nil {
-			_, again := input{Name: &p.Name, Email: &p.Email, DocumentNumber: &p.DocumentNumber}.validate()
-			if again != nil {
-				t.Fatalf("accepted %+v, which fails validation: %v", p, again)
-			}
-			return
-		}
-		var pe *problem.Error
-		if !errors.As(err, &pe) || pe.Status < 400 || pe.Status > 499 || len(pe.Errors) == 0 {
-			t.Fatalf("want a 4xx problem naming a field, got %v", err)
-		}
-	})
+// TestValidateNamesEveryField: one error lists every field at fault, in the
+// order of Person's fields, each with its own reason.
+func TestValidateNamesEveryField(t *testing.T) {
+	t.Parallel()
+	_, err := Input{Name: ptr("A\u0007"), DocumentNumber: ptr("12")}.Validate()
+	var invalid *InvalidError
+	require.True(t, errors.As(err, &invalid), "got %v", err)
+	require.Equal(t, []FieldError{
+		{Field: "name", Detail: "must not contain control characters"},
+		{Field: "email", Detail: "required"},
+		{Field: "document_number", Detail: "must be 3 to 32 characters"},
+	}, invalid.Fields)
+	require.Contains(t, err.Error(), "email required")
 }

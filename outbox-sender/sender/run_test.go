@@ -11,21 +11,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/apitest"
-	"github.com/outboxref/outboxref/internal/pgtest"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
-func TestMainRejectsBadConfig(t *testing.T) {
+func TestRunRejectsBadConfig(t *testing.T) {
 	t.Parallel()
-	err := Main(context.Background(), nil, apitest.Env("SENDER_REQUEST_TIMEOUT", "20s"), &bytes.Buffer{})
+	err := Run(context.Background(), nil, apitest.Env("SENDER_REQUEST_TIMEOUT", "20s"), &bytes.Buffer{})
 	require.ErrorContains(t, err, "SENDER_LEASE=30s is too short")
-	err = Main(context.Background(), []string{"migrate"}, apitest.Env(), &bytes.Buffer{})
-	require.ErrorContains(t, err, "takes none")
+	err = Run(context.Background(), []string{"migrate"}, apitest.Env(), &bytes.Buffer{})
+	require.ErrorContains(t, err, "want none, or one of healthcheck")
 }
 
-// TestMainDeliversAndStops runs the sender as main does: admin endpoints up,
+// TestRunDeliversAndStops runs the sender as main does: admin endpoints up,
 // a row delivered, a clean stop on cancel.
-func TestMainDeliversAndStops(t *testing.T) {
+func TestRunDeliversAndStops(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.URL(t, migrations.Student)
 	pool := pgtest.Connect(t, dbURL)
@@ -35,7 +35,7 @@ func TestMainDeliversAndStops(t *testing.T) {
 	env := apitest.Env("SENDER_DATABASE_URL", dbURL, "SENDER_USERS_URL", usersURL, "SENDER_ADMIN_ADDR", admin,
 		"SENDER_POLL_INTERVAL", "10ms", "LOG_LEVEL", "debug")
 	var logs bytes.Buffer
-	stop := apitest.RunUntilReady(t, "http://"+admin+"/readyz", func(ctx context.Context) error { return Main(ctx, nil, env, &logs) })
+	stop := apitest.RunUntilReady(t, "http://"+admin+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
 	require.Eventually(t, func() bool {
 		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == 3
 	}, 10*time.Second, 10*time.Millisecond)
@@ -51,6 +51,9 @@ func TestMainDeliversAndStops(t *testing.T) {
 	require.Contains(t, m, `outbox_rows{state="pending"} 0`)
 	require.Contains(t, m, "outbox_sender_claimed_total 3")
 	require.Contains(t, m, "outbox_oldest_pending_age_seconds 0")
+	var out bytes.Buffer
+	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, env, &out))
 	require.NoError(t, stop())
 	require.Contains(t, logs.String(), `"msg":"sender stopped"`)
+	require.Contains(t, logs.String(), `"service":"outbox-sender"`)
 }

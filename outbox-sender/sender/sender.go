@@ -33,7 +33,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outboxref/internal/problem"
+	"github.com/outboxref/outboxref/internal/crashpoint"
+	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
 )
 
@@ -225,8 +226,8 @@ func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byt
 		}
 		return result{row: row, verdict: delivered, userID: created.UserID}
 	}
-	var p problem.Error
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == problem.ContentType {
+	var p httpapi.Problem
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == httpapi.ProblemContentType {
 		_ = json.Unmarshal(body, &p)
 	}
 	why := fmt.Sprintf("Users answered %d %s", code, http.StatusText(code))
@@ -234,9 +235,9 @@ func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byt
 		why = fmt.Sprintf("Users answered %d %s", code, p.Title)
 	}
 	switch {
-	case code == http.StatusBadRequest && p.Type == problem.TypeValidation,
-		code == http.StatusConflict && p.Type == problem.TypeDocumentTaken,
-		code == http.StatusUnprocessableEntity && p.Type == problem.TypeIdempotencyMismatch:
+	case code == http.StatusBadRequest && p.Type == httpapi.TypeValidation,
+		code == http.StatusConflict && p.Type == httpapi.TypeDocumentTaken,
+		code == http.StatusUnprocessableEntity && p.Type == httpapi.TypeIdempotencyMismatch:
 		return result{row: row, verdict: dead, err: why}
 	}
 	return s.retryOrDie(row, why, s.retryAfter(resp))
@@ -362,7 +363,7 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 		}
 	}
 	if len(link.StudentIds) > 0 {
-		s.cfg.Crash.Hit(CrashAfterResponse)
+		crashpoint.Hit(crashpoint.SenderAfterResponse)
 	}
 	var conflicts []conflict
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {

@@ -18,10 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/apitest"
-	"github.com/outboxref/outboxref/internal/pgtest"
-	"github.com/outboxref/outboxref/internal/problem"
+	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 var quiet = slog.New(slog.NewJSONHandler(io.Discard, nil))
@@ -56,34 +56,26 @@ func addStudents(t *testing.T, pool *pgxpool.Pool, n int) []uuid.UUID {
 // running is a sender started by run.
 type running struct {
 	*Sender
-	cancel context.CancelFunc // begins the shutdown
-	done   chan error
-	once   sync.Once
+	cancel context.CancelFunc // begins the shutdown without waiting for it
+	stop   func() error       // begins the shutdown and waits for Run
 }
 
-// wait cancels (if not yet) and waits for Run to return, failing the test
-// if it takes more than five seconds.
+// wait stops the sender (if not yet) and waits for Run to return.
 func (r *running) wait(t *testing.T) {
 	t.Helper()
-	r.once.Do(func() {
-		r.cancel()
-		select {
-		case err := <-r.done:
-			require.NoError(t, err)
-		case <-time.After(5 * time.Second):
-			t.Fatal("sender did not stop within 5s of its context ending")
-		}
-	})
+	require.NoError(t, r.stop())
 }
 
 // run starts a sender; it is stopped at cleanup if the test does not.
 func run(t *testing.T, pool *pgxpool.Pool, cfg Config) *running {
 	t.Helper()
+	s := New(quiet, pool, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{Sender: New(quiet, pool, cfg), cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- r.Run(ctx) }()
-	t.Cleanup(func() { r.wait(t) })
-	return r
+	stop := apitest.Start(t, func(stopped context.Context) error {
+		context.AfterFunc(stopped, cancel)
+		return s.Run(ctx)
+	})
+	return &running{Sender: s, cancel: cancel, stop: stop}
 }
 
 func (r *running) results(verdict string) int {
@@ -165,8 +157,8 @@ func (f *fakeUsers) deliveries(key string) int {
 	return f.seen[key]
 }
 
-func writeProblem(w http.ResponseWriter, p *problem.Error) {
-	w.Header().Set("Content-Type", problem.ContentType)
+func writeProblem(w http.ResponseWriter, p *httpapi.Problem) {
+	w.Header().Set("Content-Type", httpapi.ProblemContentType)
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(p.Body())
 }
@@ -221,7 +213,7 @@ func TestRetriesTransientFailures(t *testing.T) {
 		},
 		func(w http.ResponseWriter) { w.WriteHeader(http.StatusRequestTimeout) },
 		func(w http.ResponseWriter) {
-			writeProblem(w, &problem.Error{Type: problem.TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict})
+			writeProblem(w, &httpapi.Problem{Type: httpapi.TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict})
 		},
 		func(w http.ResponseWriter) { http.NotFound(w, nil) },                // a misrouted URL, not Users' verdict
 		func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadRequest) }, // a 400 that is not Users' problem
@@ -283,14 +275,14 @@ func TestPermanentFailuresDeadLetterWithoutBlockingOthers(t *testing.T) {
 	users, url := newFakeUsers(t, func(w http.ResponseWriter, r *http.Request, key string, n int) bool {
 		switch key {
 		case taken:
-			writeProblem(w, &problem.Error{Type: problem.TypeDocumentTaken, Title: "Document number already in use", Status: http.StatusConflict})
+			writeProblem(w, &httpapi.Problem{Type: httpapi.TypeDocumentTaken, Title: "Document number already in use", Status: http.StatusConflict})
 		case mismatch:
-			writeProblem(w, &problem.Error{Type: problem.TypeIdempotencyMismatch, Title: "Idempotency key reused with a different request", Status: http.StatusUnprocessableEntity})
+			writeProblem(w, &httpapi.Problem{Type: httpapi.TypeIdempotencyMismatch, Title: "Idempotency key reused with a different request", Status: http.StatusUnprocessableEntity})
 		case noID:
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write([]byte(`{"status":"created"}`))
 		case teapot:
-			writeProblem(w, &problem.Error{Type: problem.TypeValidation, Title: "Invalid request\x00 \xff", Status: http.StatusBadRequest})
+			writeProblem(w, &httpapi.Problem{Type: httpapi.TypeValidation, Title: "Invalid request\x00 \xff", Status: http.StatusBadRequest})
 		default:
 			return false
 		}
@@ -536,6 +528,10 @@ func TestConfig(t *testing.T) {
 	require.NoError(t, err, "the defaults are consistent")
 	require.Equal(t, 100, cfg.BatchSize)
 	require.Contains(t, r.Names(), "SENDER_MAX_AGE")
+	// With the defaults SENDER_MAX_AGE, not the attempt cap, ends retries:
+	// even if every delay were the shortest a capped backoff can draw (half
+	// of SENDER_BACKOFF_MAX), the attempts would outlast the age.
+	require.Greater(t, time.Duration(cfg.MaxAttempts)*(cfg.BackoffMax/2), cfg.MaxAge)
 
 	for _, bad := range [][]string{
 		{"SENDER_BATCH_SIZE", "0"},
@@ -543,7 +539,6 @@ func TestConfig(t *testing.T) {
 		{"SENDER_USERS_URL", "users:8081"},
 		{"SENDER_LEASE", "2s"},
 		{"SENDER_BACKOFF_MIN", "10m"},
-		{"CRASH_POINT", "nowhere"},
 	} {
 		_, _, err := LoadConfig(env(bad...))
 		require.ErrorContains(t, err, bad[0], "%v", bad)

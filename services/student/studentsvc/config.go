@@ -24,7 +24,7 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e := envconfig.New(getenv)
 	c := Config{
 		HTTPAddr:       e.String("STUDENT_HTTP_ADDR", ":8080"),
-		DatabaseURL:    e.URL("STUDENT_DATABASE_URL", "postgres://postgres@localhost:5432/student?sslmode=disable", "postgres", "postgresql"),
+		DatabaseURL:    e.DatabaseURL("STUDENT_DATABASE_URL", "postgres://postgres@localhost:5432/student?sslmode=disable"),
 		LogLevel:       e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		KeyWait:        e.Duration("STUDENT_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, 20*time.Second),
 		InboxRetention: e.Duration("STUDENT_INBOX_RETENTION", 24*time.Hour, time.Minute, 10*365*24*time.Hour),

@@ -4,28 +4,33 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net/http"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/lifecycle"
+	"github.com/outboxref/outboxref/internal/service"
 )
 
-// Run runs Student until ctx ends: the API and the inbox purge loop. With
-// args ["migrate"] it applies Student's migrations and returns.
+// Run runs Student until ctx ends: the API, and the loop that purges expired
+// client keys. args may be "migrate" or "healthcheck" (see service.Binary).
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, _, err := LoadConfig(getenv)
 	if err != nil {
 		return err
 	}
-	return lifecycle.Service{
+	return service.Binary{
 		Name: "student", Migrations: migrations.Student, DatabaseURL: cfg.DatabaseURL,
-		HTTPAddr: cfg.HTTPAddr, AddrVar: "STUDENT_HTTP_ADDR", LogLevel: cfg.LogLevel,
-		Start: func(log *slog.Logger, pool *pgxpool.Pool) (http.Handler, []func(context.Context)) {
+		LogLevel: cfg.LogLevel, HealthAddr: cfg.HTTPAddr,
+		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			s := NewServer(log, pool, cfg)
-			purge := func(ctx context.Context) { s.inbox.PurgeLoop(ctx, log, cfg.InboxRetention, cfg.PurgeInterval) }
-			return s.Routes(), []func(context.Context){purge}
+			purge := func(ctx context.Context) error {
+				s.store.Inbox.PurgeLoop(ctx, log, cfg.InboxRetention, cfg.PurgeInterval)
+				return nil
+			}
+			return []service.Part{
+				service.Server(log, "STUDENT_HTTP_ADDR", cfg.HTTPAddr, s.Routes()),
+				{Name: "inbox purge", Run: purge},
+			}
 		},
 	}.Run(ctx, args, stdout)
 }

@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outboxref/internal/apitest"
-	"github.com/outboxref/outboxref/internal/pgtest"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 func TestRunRejectsBadConfig(t *testing.T) {
@@ -20,7 +20,12 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	require.ErrorContains(t, err, "STUDENT_DATABASE_URL")
 
 	err = Run(context.Background(), []string{"serve"}, apitest.Env(), &bytes.Buffer{})
-	require.ErrorContains(t, err, `want none, or "migrate"`)
+	require.ErrorContains(t, err, "want none, or one of healthcheck, migrate")
+
+	// A malformed database URL is named, but its password never shown.
+	err = Run(context.Background(), nil, apitest.Env("STUDENT_DATABASE_URL", "postgres://app:hunter2@db:5432/x?sslmode=%zz"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "STUDENT_DATABASE_URL")
+	require.NotContains(t, err.Error(), "hunter2")
 }
 
 // TestRunMigratesThenServes starts from an empty database, as a first
@@ -36,7 +41,14 @@ func TestRunMigratesThenServes(t *testing.T) {
 	stop := apitest.RunUntilReady(t, base+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
 	res := apitest.Do(t, http.MethodPost, base+"/students", ada)
 	require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
+
+	// The container image has no curl: "healthcheck" asks /readyz itself.
+	var out bytes.Buffer
+	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, env, &out))
+	require.Equal(t, "ready\n", out.String())
+
 	require.NoError(t, stop())
+	require.Error(t, Run(context.Background(), []string{"healthcheck"}, env, &out), "nothing listens any more")
 	require.Contains(t, logs.String(), `"msg":"listening"`)
 	require.Contains(t, logs.String(), `"service":"student"`)
 }

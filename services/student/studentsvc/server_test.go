@@ -19,10 +19,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/apitest"
-	"github.com/outboxref/outboxref/internal/inbox"
-	"github.com/outboxref/outboxref/internal/pgtest"
-	"github.com/outboxref/outboxref/internal/problem"
+	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/services/student/internal/store"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/contract"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 type env struct {
@@ -49,9 +50,7 @@ func (e env) count(t *testing.T, table string) int {
 	return apitest.Count(t, e.pool, "SELECT count(*) FROM "+table)
 }
 
-func body(name, email, doc string) string {
-	return fmt.Sprintf(`{"name":%q,"email":%q,"document_number":%q}`, name, email, doc)
-}
+var body = contract.Body
 
 var ada = body("Ada Lovelace", "ada@example.com", "111-1")
 
@@ -80,7 +79,7 @@ func TestCreateStudentWritesStudentAndOutboxRow(t *testing.T) {
 		"SELECT idempotency_key, operation, payload, state, attempts FROM outbox WHERE student_id = $1", st.ID).
 		Scan(&key, &operation, &payload, &state, &attempts))
 	require.NotEqual(t, uuid.Nil, key)
-	require.Equal(t, OperationCreateUser, operation)
+	require.Equal(t, store.OperationCreateUser, operation)
 	require.Equal(t, map[string]string{"name": "Ada Lovelace", "email": "ada@example.com", "document_number": "111-1"}, payload)
 	require.Equal(t, "pending", state)
 	require.Zero(t, attempts)
@@ -104,7 +103,7 @@ func TestCreateStudentIsAtomic(t *testing.T) {
 	res := e.create(t, ada)
 	require.Equal(t, http.StatusInternalServerError, res.Status)
 	p := res.Problem(t)
-	require.Equal(t, problem.TypeInternal, p.Type)
+	require.Equal(t, httpapi.TypeInternal, p.Type)
 	require.Empty(t, p.Detail, "5xx details are logged, never sent")
 	require.NotContains(t, string(res.Body), "refuse_all")
 	require.Equal(t, 0, e.count(t, "students"))
@@ -161,7 +160,7 @@ func TestDocumentNumberWaitWithoutKey(t *testing.T) {
 
 	res := apitest.Do(t, http.MethodPost, ts.URL+"/students", ada)
 	require.Equal(t, http.StatusServiceUnavailable, res.Status, "%s", res.Body)
-	require.Equal(t, problem.TypeUnavailable, res.Problem(t).Type)
+	require.Equal(t, httpapi.TypeUnavailable, res.Problem(t).Type)
 	require.Equal(t, "1", res.Header.Get("Retry-After"))
 }
 
@@ -172,7 +171,7 @@ func TestDocumentNumberTaken(t *testing.T) {
 	res := e.create(t, body("Someone Else", "else@example.com", "111-1"))
 	require.Equal(t, http.StatusConflict, res.Status)
 	p := res.Problem(t)
-	require.Equal(t, problem.TypeDocumentTaken, p.Type)
+	require.Equal(t, httpapi.TypeDocumentTaken, p.Type)
 	require.Equal(t, []string{"document_number"}, p.Fields())
 	require.Equal(t, 1, e.count(t, "students"))
 	require.Equal(t, 1, e.count(t, "outbox"))
@@ -183,11 +182,11 @@ func TestClientIdempotencyKey(t *testing.T) {
 	e := newEnv(t)
 	first := e.create(t, ada, "Idempotency-Key", "client-1")
 	require.Equal(t, http.StatusCreated, first.Status)
-	require.Empty(t, first.Header.Get(inbox.ReplayedHeader))
+	require.Empty(t, first.Header.Get(httpapi.ReplayedHeader))
 
 	again := e.create(t, ada, "Idempotency-Key", `"client-1"`)
 	require.Equal(t, http.StatusCreated, again.Status)
-	require.Equal(t, "true", again.Header.Get(inbox.ReplayedHeader))
+	require.Equal(t, "true", again.Header.Get(httpapi.ReplayedHeader))
 	require.Equal(t, string(first.Body), string(again.Body))
 	require.Equal(t, first.Header.Get("Location"), again.Header.Get("Location"))
 	require.Equal(t, 1, e.count(t, "students"))
@@ -202,7 +201,7 @@ func TestClientIdempotencyKey(t *testing.T) {
 	require.Equal(t, http.StatusConflict, taken.Status)
 	replay := e.create(t, body("B", "b@example.com", "111-1"), "Idempotency-Key", "client-2")
 	require.Equal(t, http.StatusConflict, replay.Status)
-	require.Equal(t, "true", replay.Header.Get(inbox.ReplayedHeader))
+	require.Equal(t, "true", replay.Header.Get(httpapi.ReplayedHeader))
 	require.Equal(t, 1, e.count(t, "students"))
 	require.Equal(t, 1, e.count(t, "outbox"))
 }
@@ -264,7 +263,7 @@ func TestGetStudentShowsProvisioning(t *testing.T) {
 	require.Equal(t, []string{"id"}, bad.Problem(t).Fields())
 	missing := apitest.Do(t, http.MethodGet, e.url+"/students/"+uuid.NewString(), "")
 	require.Equal(t, http.StatusNotFound, missing.Status)
-	require.Equal(t, problem.TypeNotFound, missing.Problem(t).Type)
+	require.Equal(t, httpapi.TypeNotFound, missing.Problem(t).Type)
 }
 
 func TestListStudentsPaginates(t *testing.T) {

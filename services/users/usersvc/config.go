@@ -3,15 +3,7 @@ package usersvc
 import (
 	"time"
 
-	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/envconfig"
-)
-
-// Crash points Users offers the end-to-end suite.
-const (
-	// CrashAfterCommit: the user and its inbox row are committed, the
-	// response is not yet written. The caller sees a dropped connection.
-	CrashAfterCommit = "users-after-commit"
 )
 
 // Config is Users' configuration; the README's table lists each variable.
@@ -22,7 +14,6 @@ type Config struct {
 	InboxRetention time.Duration // USERS_INBOX_RETENTION
 	PurgeInterval  time.Duration // USERS_INBOX_PURGE_INTERVAL
 	KeyWait        time.Duration // USERS_IDEMPOTENCY_WAIT
-	Crash          *crashpoint.Set
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
@@ -31,14 +22,11 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e := envconfig.New(getenv)
 	c := Config{
 		HTTPAddr:       e.String("USERS_HTTP_ADDR", ":8081"),
-		DatabaseURL:    e.URL("USERS_DATABASE_URL", "postgres://postgres@localhost:5432/users?sslmode=disable", "postgres", "postgresql"),
+		DatabaseURL:    e.DatabaseURL("USERS_DATABASE_URL", "postgres://postgres@localhost:5432/users?sslmode=disable"),
 		LogLevel:       e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		InboxRetention: e.Duration("USERS_INBOX_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		PurgeInterval:  e.Duration("USERS_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
 		KeyWait:        e.Duration("USERS_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, 20*time.Second),
 	}
-	crash, err := crashpoint.Parse(e.String("CRASH_POINT", ""), CrashAfterCommit)
-	e.Check(err == nil, "CRASH_POINT: %v", err)
-	c.Crash = crash
 	return c, e, e.Err()
 }

@@ -4,28 +4,33 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net/http"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/lifecycle"
+	"github.com/outboxref/outboxref/internal/service"
 )
 
-// Run runs Users until ctx ends: the API and the inbox purge loop. With
-// args ["migrate"] it applies Users' migrations and returns.
+// Run runs Users until ctx ends: the API, and the loop that purges expired
+// inbox rows. args may be "migrate" or "healthcheck" (see service.Binary).
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, _, err := LoadConfig(getenv)
 	if err != nil {
 		return err
 	}
-	return lifecycle.Service{
+	return service.Binary{
 		Name: "users", Migrations: migrations.Users, DatabaseURL: cfg.DatabaseURL,
-		HTTPAddr: cfg.HTTPAddr, AddrVar: "USERS_HTTP_ADDR", LogLevel: cfg.LogLevel,
-		Start: func(log *slog.Logger, pool *pgxpool.Pool) (http.Handler, []func(context.Context)) {
+		LogLevel: cfg.LogLevel, HealthAddr: cfg.HTTPAddr,
+		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			s := NewServer(log, pool, cfg)
-			purge := func(ctx context.Context) { s.inbox.PurgeLoop(ctx, log, cfg.InboxRetention, cfg.PurgeInterval) }
-			return s.Routes(), []func(context.Context){purge}
+			purge := func(ctx context.Context) error {
+				s.store.Inbox.PurgeLoop(ctx, log, cfg.InboxRetention, cfg.PurgeInterval)
+				return nil
+			}
+			return []service.Part{
+				service.Server(log, "USERS_HTTP_ADDR", cfg.HTTPAddr, s.Routes()),
+				{Name: "inbox purge", Run: purge},
+			}
 		},
 	}.Run(ctx, args, stdout)
 }

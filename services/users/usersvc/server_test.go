@@ -17,10 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/apitest"
-	"github.com/outboxref/outboxref/internal/inbox"
-	"github.com/outboxref/outboxref/internal/pgtest"
-	"github.com/outboxref/outboxref/internal/problem"
+	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/contract"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 type env struct {
@@ -54,9 +54,7 @@ func (e env) count(t *testing.T, table string) int {
 	return apitest.Count(t, e.pool, "SELECT count(*) FROM "+table)
 }
 
-func body(name, email, doc string) string {
-	return fmt.Sprintf(`{"name":%q,"email":%q,"document_number":%q}`, name, email, doc)
-}
+var body = contract.Body
 
 var ada = body("Ada Lovelace", "ada@example.com", "111-1")
 
@@ -66,7 +64,7 @@ func TestCreateUserThenReplay(t *testing.T) {
 
 	first := e.create(t, "key-1", ada)
 	require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
-	require.Empty(t, first.Header.Get(inbox.ReplayedHeader), "a first answer is not a replay")
+	require.Empty(t, first.Header.Get(httpapi.ReplayedHeader), "a first answer is not a replay")
 	var created CreatedUser
 	first.JSON(t, &created)
 	require.NotEqual(t, uuid.Nil, created.UserID)
@@ -75,7 +73,7 @@ func TestCreateUserThenReplay(t *testing.T) {
 
 	again := e.create(t, "key-1", ada)
 	require.Equal(t, http.StatusCreated, again.Status)
-	require.Equal(t, "true", again.Header.Get(inbox.ReplayedHeader))
+	require.Equal(t, "true", again.Header.Get(httpapi.ReplayedHeader))
 	require.Equal(t, string(first.Body), string(again.Body), "a replay returns the stored body")
 	require.Equal(t, first.Header.Get("Location"), again.Header.Get("Location"))
 
@@ -97,7 +95,7 @@ func TestQuotedAndBareKeyAreTheSameKey(t *testing.T) {
 	first := e.create(t, `"k-42"`, ada)
 	require.Equal(t, http.StatusCreated, first.Status)
 	again := e.create(t, "k-42", ada)
-	require.Equal(t, "true", again.Header.Get(inbox.ReplayedHeader))
+	require.Equal(t, "true", again.Header.Get(httpapi.ReplayedHeader))
 	require.Equal(t, string(first.Body), string(again.Body))
 	require.Equal(t, 1, e.count(t, "users"))
 }
@@ -124,7 +122,7 @@ func TestCreateUserRejectsBadInputAndWritesNothing(t *testing.T) {
 			res := e.create(t, tt.key, tt.body)
 			require.Equal(t, tt.status, res.Status, "%s", res.Body)
 			p := res.Problem(t)
-			require.Equal(t, problem.TypeValidation, p.Type)
+			require.Equal(t, httpapi.TypeValidation, p.Type)
 			require.Contains(t, p.Fields(), tt.field)
 		})
 	}
@@ -144,7 +142,7 @@ func TestKeyReusedWithDifferentPayload(t *testing.T) {
 	res := e.create(t, "key-1", body("Ada King", "ada@example.com", "222-2"))
 	require.Equal(t, http.StatusUnprocessableEntity, res.Status)
 	p := res.Problem(t)
-	require.Equal(t, problem.TypeIdempotencyMismatch, p.Type)
+	require.Equal(t, httpapi.TypeIdempotencyMismatch, p.Type)
 	require.Equal(t, []string{"document_number", "name"}, p.Fields())
 	require.NotContains(t, string(res.Body), "Ada King", "values are never echoed")
 	require.NotContains(t, string(res.Body), "Ada Lovelace")
@@ -165,14 +163,14 @@ func TestSamePayloadDifferentKeyIsADifferentOperation(t *testing.T) {
 	// rule decides, and its refusal is stored under the second key.
 	taken := e.create(t, "key-b", ada)
 	require.Equal(t, http.StatusConflict, taken.Status)
-	require.Empty(t, taken.Header.Get(inbox.ReplayedHeader))
+	require.Empty(t, taken.Header.Get(httpapi.ReplayedHeader))
 	p := taken.Problem(t)
-	require.Equal(t, problem.TypeDocumentTaken, p.Type)
+	require.Equal(t, httpapi.TypeDocumentTaken, p.Type)
 	require.Equal(t, []string{"document_number"}, p.Fields())
 
 	replay := e.create(t, "key-b", ada)
 	require.Equal(t, http.StatusConflict, replay.Status)
-	require.Equal(t, "true", replay.Header.Get(inbox.ReplayedHeader))
+	require.Equal(t, "true", replay.Header.Get(httpapi.ReplayedHeader))
 	require.Equal(t, string(taken.Body), string(replay.Body))
 
 	require.Equal(t, 1, e.count(t, "users"))
@@ -210,7 +208,7 @@ func TestConcurrentSameKey(t *testing.T) {
 	for _, r := range results {
 		require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 		require.Equal(t, string(results[0].Body), string(r.Body))
-		if r.Header.Get(inbox.ReplayedHeader) == "true" {
+		if r.Header.Get(httpapi.ReplayedHeader) == "true" {
 			replayed++
 		}
 	}
@@ -263,7 +261,7 @@ func TestKeyInProgress(t *testing.T) {
 	res := e.create(t, "busy", ada)
 	require.Equal(t, http.StatusConflict, res.Status, "%s", res.Body)
 	require.GreaterOrEqual(t, time.Since(started), 200*time.Millisecond, "it waited for the holder first")
-	require.Equal(t, problem.TypeIdempotencyBusy, res.Problem(t).Type)
+	require.Equal(t, httpapi.TypeIdempotencyBusy, res.Problem(t).Type)
 	require.Equal(t, "1", res.Header.Get("Retry-After"))
 
 	require.NoError(t, tx.Rollback(ctx))
@@ -286,7 +284,7 @@ func TestDocumentNumberWait(t *testing.T) {
 
 	res := e.create(t, "waits", ada)
 	require.Equal(t, http.StatusServiceUnavailable, res.Status, "%s", res.Body)
-	require.Equal(t, problem.TypeUnavailable, res.Problem(t).Type)
+	require.Equal(t, httpapi.TypeUnavailable, res.Problem(t).Type)
 	require.Equal(t, "1", res.Header.Get("Retry-After"))
 	require.Equal(t, 0, e.count(t, "inbox"), "nothing is stored: the retry decides")
 
@@ -310,10 +308,10 @@ func TestUnknownRoutesAreProblems(t *testing.T) {
 	e := newEnv(t, Config{})
 	res := apitest.Do(t, http.MethodGet, e.url+"/nope", "")
 	require.Equal(t, http.StatusNotFound, res.Status)
-	require.Equal(t, problem.TypeNotFound, res.Problem(t).Type)
+	require.Equal(t, httpapi.TypeNotFound, res.Problem(t).Type)
 	res = apitest.Do(t, http.MethodDelete, e.url+"/users", "")
 	require.Equal(t, http.StatusMethodNotAllowed, res.Status)
-	require.Equal(t, problem.TypeMethodNotAllowed, res.Problem(t).Type)
+	require.Equal(t, httpapi.TypeMethodNotAllowed, res.Problem(t).Type)
 }
 
 func TestGetUserErrors(t *testing.T) {
@@ -325,7 +323,7 @@ func TestGetUserErrors(t *testing.T) {
 
 	res = apitest.Do(t, http.MethodGet, e.url+"/users/"+uuid.NewString(), "")
 	require.Equal(t, http.StatusNotFound, res.Status)
-	require.Equal(t, problem.TypeNotFound, res.Problem(t).Type)
+	require.Equal(t, httpapi.TypeNotFound, res.Problem(t).Type)
 }
 
 func TestHealth(t *testing.T) {
@@ -336,7 +334,7 @@ func TestHealth(t *testing.T) {
 	e.pool.Close()
 	res := apitest.Do(t, http.MethodGet, e.url+"/readyz", "")
 	require.Equal(t, http.StatusServiceUnavailable, res.Status)
-	require.Equal(t, problem.TypeUnavailable, res.Problem(t).Type)
+	require.Equal(t, httpapi.TypeUnavailable, res.Problem(t).Type)
 }
 
 // TestInboxPurge: rows older than the retention window go, in batches;
@@ -352,7 +350,7 @@ func TestInboxPurge(t *testing.T) {
 		"UPDATE inbox SET created_at = now() - interval '8 days' WHERE idempotency_key IN ('k-0','k-1','k-2','k-3','k-4')")
 	require.NoError(t, err)
 
-	n, err := e.srv.inbox.Purge(context.Background(), 7*24*time.Hour, 2)
+	n, err := e.srv.store.Inbox.Purge(context.Background(), 7*24*time.Hour, 2)
 	require.NoError(t, err)
 	require.EqualValues(t, 5, n, "three batches of at most two")
 	require.Equal(t, 2, e.count(t, "inbox"))
@@ -361,13 +359,10 @@ func TestInboxPurge(t *testing.T) {
 	// The loop purges on start and stops with its context.
 	_, err = e.pool.Exec(context.Background(), "UPDATE inbox SET created_at = now() - interval '1 hour'")
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		e.srv.inbox.PurgeLoop(ctx, slog.New(slog.NewJSONHandler(io.Discard, nil)), 30*time.Minute, time.Hour)
-	}()
+	stop := apitest.Start(t, func(ctx context.Context) error {
+		e.srv.store.Inbox.PurgeLoop(ctx, slog.New(slog.DiscardHandler), 30*time.Minute, time.Hour)
+		return nil
+	})
 	require.Eventually(t, func() bool { return e.count(t, "inbox") == 0 }, 5*time.Second, 20*time.Millisecond)
-	cancel()
-	<-done
+	require.NoError(t, stop())
 }

@@ -515,16 +515,25 @@ func (c *Cluster) abandon() {
 	c.removed = true
 }
 
-// CreateDatabase creates a database and returns its URL. Tests use it to get
-// a clean database each without paying for a cluster each.
+// CreateDatabase creates an empty database with durable commits and returns
+// its URL, for processes that migrate it themselves. The cluster runs with
+// synchronous_commit=off for speed, which lets a killed server forget
+// commits it already acknowledged; the database's own setting overrides the
+// server's, so a test that kills the server still judges "nothing committed
+// may be lost" honestly. (With fsync=off a killed postmaster still loses
+// nothing the kernel has: tests kill processes, not the machine.)
 func (c *Cluster) CreateDatabase(ctx context.Context, name string) (string, error) {
 	conn, err := pgx.Connect(ctx, c.URL())
 	if err != nil {
 		return "", fmt.Errorf("create database %q: connect: %w", name, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
 		return "", fmt.Errorf("create database %q: %w", name, err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+ident+" SET synchronous_commit = on"); err != nil {
+		return "", fmt.Errorf("create database %q: durable commits: %w", name, err)
 	}
 	return c.databaseURL(name), nil
 }

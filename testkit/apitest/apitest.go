@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,45 +126,63 @@ func Env(kv ...string) func(string) string {
 	return func(k string) string { return m[k] }
 }
 
-// RunUntilReady starts run in the background, waits until url answers 200,
-// and returns a function that ends run's context and returns its error.
-// The test fails if the server is not ready within ten seconds or does not
-// stop within ten seconds of being told to.
-func RunUntilReady(t testing.TB, url string, run func(ctx context.Context) error) (stop func() error) {
+// Start runs run in the background and returns a function that ends run's
+// context and returns its error. It is the one way tests run something until
+// told to stop: a sender, a server, a loop. If the test does not call stop,
+// cleanup does; either way the test fails if run has not returned within ten
+// seconds of its context ending.
+func Start(t testing.TB, run func(ctx context.Context) error) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
+	var (
+		once sync.Once
+		err  error
+	)
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Error("did not stop within 10s of its context ending")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// RunUntilReady is Start, then a wait until url answers 200. The test fails
+// if that takes more than ten seconds or run returns first.
+func RunUntilReady(t testing.TB, url string, run func(ctx context.Context) error) (stop func() error) {
+	t.Helper()
+	exited := make(chan error, 1)
+	stop = Start(t, func(ctx context.Context) error {
+		err := run(ctx)
+		exited <- err
+		return err
+	})
+	client := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := http.Get(url)
+		resp, err := client.Get(url) //nolint:noctx // each try is bounded by the client's timeout
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				break
+				return stop
 			}
 		}
 		select {
-		case err := <-done:
-			cancel()
+		case err := <-exited:
 			t.Fatalf("exited before it was ready: %v", err)
 		default:
 		}
 		if time.Now().After(deadline) {
-			cancel()
 			t.Fatalf("%s not ready within 10s (last error: %v)", url, err)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-	t.Cleanup(cancel)
-	return func() error {
-		cancel()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(10 * time.Second):
-			t.Fatal("did not stop within 10s of its context ending")
-			return nil
-		}
 	}
 }

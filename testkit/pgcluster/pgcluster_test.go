@@ -53,6 +53,12 @@ func TestClusterLifecycle(t *testing.T) {
 	url, err := c.CreateDatabase(ctx, `outbox "test" db`)
 	require.NoError(t, err)
 	selectOne(t, ctx, url)
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	var setting string
+	require.NoError(t, conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting))
+	require.NoError(t, conn.Close(ctx))
+	require.Equal(t, "on", setting, "commits in a created database are durable")
 
 	port := c.Port()
 	require.NoError(t, c.Restart(ctx))

@@ -1,7 +1,7 @@
 // Command withpostgres runs a command with TEST_DATABASE_URL pointing at a
 // PostgreSQL server, starting a throwaway one when none is configured:
 //
-//	go run ./internal/cmd/withpostgres -- go test ./...
+//	go run ./testkit/withpostgres -- go test ./...
 //
 // An existing TEST_DATABASE_URL is passed through untouched, so the same
 // command works on a machine with its own server. Otherwise the child also
@@ -22,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/outboxref/outboxref/internal/pgcluster"
+	"github.com/outboxref/outboxref/testkit/pgcluster"
 )
 
 func main() {

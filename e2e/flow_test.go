@@ -1,4 +1,4 @@
-package sender_test
+package e2e
 
 import (
 	"context"
@@ -19,11 +19,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/apitest"
-	"github.com/outboxref/outboxref/internal/pgtest"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/services/users/usersvc"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 // flow is Student and Users in one process, each on its own database.
@@ -69,19 +69,13 @@ func (f flow) postStudents(t *testing.T, n int) []uuid.UUID {
 func (f flow) runSender(t *testing.T, usersURL string) (stop func()) {
 	t.Helper()
 	quiet := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- sender.New(quiet, f.studentPool, sender.Config{
-			UsersURL: usersURL, ID: "flow", BatchSize: 50, Concurrency: 16, PollInterval: 20 * time.Millisecond,
-			Lease: 30 * time.Second, RequestTimeout: 5 * time.Second, MaxAttempts: 1000,
-			BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, MaxAge: time.Hour,
-		}).Run(ctx)
-	}()
-	return func() {
-		cancel()
-		require.NoError(t, <-done)
-	}
+	s := sender.New(quiet, f.studentPool, sender.Config{
+		UsersURL: usersURL, ID: "flow", BatchSize: 50, Concurrency: 16, PollInterval: 20 * time.Millisecond,
+		Lease: 30 * time.Second, RequestTimeout: 5 * time.Second, MaxAttempts: 1000,
+		BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, MaxAge: time.Hour,
+	})
+	stopSender := apitest.Start(t, s.Run)
+	return func() { require.NoError(t, stopSender()) }
 }
 
 // TestWholeFlow runs Student, Users and the sender in one process on two

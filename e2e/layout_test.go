@@ -1,0 +1,75 @@
+package e2e
+
+// This file checks the layout's promise: the shipped binaries are built
+// from the pattern's packages only. Test and dev scaffolding (testkit/, this
+// folder) and the crash points of the fault-injection builds never reach
+// them.
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const module = "github.com/outboxref/outboxref"
+
+// shippedBinaries are the packages the Dockerfile and make build build.
+var shippedBinaries = []string{"./services/student", "./services/users", "./outbox-sender"}
+
+func goList(t *testing.T, args ...string) []string {
+	t.Helper()
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		goCmd = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goCmd, append([]string{"list"}, args...)...)
+	cmd.Dir = repoRoot
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list %v", args)
+	return strings.Fields(string(out))
+}
+
+// scaffolding reports the packages of deps that are test or dev scaffolding.
+func scaffolding(deps []string) []string {
+	var bad []string
+	for _, d := range deps {
+		rel, ok := strings.CutPrefix(d, module+"/")
+		if !ok {
+			continue
+		}
+		if strings.HasPrefix(rel, "testkit/") || strings.HasPrefix(rel, "e2e") {
+			bad = append(bad, d)
+		}
+	}
+	return bad
+}
+
+// TestShippedBinariesImportNoScaffolding reads the shipped binaries' import
+// graph with go list -deps.
+func TestShippedBinariesImportNoScaffolding(t *testing.T) {
+	t.Parallel()
+	deps := goList(t, append([]string{"-deps"}, shippedBinaries...)...)
+	require.Contains(t, deps, module+"/internal/inbox", "go list -deps must list the binaries' own packages")
+	require.Empty(t, scaffolding(deps), "a shipped binary imports test or dev scaffolding")
+	require.Equal(t, []string{module + "/testkit/pgtest"}, scaffolding([]string{module + "/testkit/pgtest", module + "/internal/inbox"}),
+		"the check itself must catch a scaffolding import")
+}
+
+// TestCrashPointsAreNotShipped: the package the binaries call for crash
+// points compiles to a no-op without the e2e suite's build tag.
+func TestCrashPointsAreNotShipped(t *testing.T) {
+	t.Parallel()
+	files := func(tags string) []string {
+		return goList(t, "-tags", tags, "-f", "{{range .GoFiles}}{{.}} {{end}}", "./internal/crashpoint")
+	}
+	require.ElementsMatch(t, []string{"crashpoint.go", "off.go"}, files(""), "a shipped build")
+	require.ElementsMatch(t, []string{"crashpoint.go", "on.go"}, files("crashpoints"), "the e2e suite's build")
+}

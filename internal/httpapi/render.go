@@ -1,0 +1,88 @@
+package httpapi
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/person"
+)
+
+// Render is the one place an error becomes an HTTP answer. A *Problem is
+// sent as it is; the domain's own errors (a person that fails validation, an
+// idempotency key reused or in use) become their problems; anything else is
+// a bare 500, because internal errors may carry SQL, hostnames or data a
+// client must not see.
+//
+// Render does not log. It hands the error to the request's log line (see
+// LogRequests), so each failure is logged exactly once, with its request.
+func Render(w http.ResponseWriter, r *http.Request, err error) {
+	p := asProblem(err)
+	if p.Status >= 500 {
+		noteError(r, err)
+	}
+	if p.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((p.RetryAfter+time.Second-1)/time.Second)))
+	}
+	w.Header().Set("Content-Type", ProblemContentType)
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(p.Body())
+}
+
+func asProblem(err error) *Problem {
+	var (
+		p        *Problem
+		invalid  *person.InvalidError
+		mismatch *inbox.MismatchError
+	)
+	switch {
+	case errors.As(err, &p):
+		return p
+	case errors.As(err, &invalid):
+		fields := make([]FieldError, len(invalid.Fields))
+		for i, f := range invalid.Fields {
+			fields[i] = FieldError{Field: f.Field, Detail: f.Detail}
+		}
+		return Validation(fields...)
+	case errors.As(err, &mismatch):
+		p := &Problem{
+			Type: TypeIdempotencyMismatch, Title: "Idempotency key reused with a different request",
+			Status: http.StatusUnprocessableEntity,
+			Detail: "this Idempotency-Key was first used with a request whose fields differ; use a new key for a new request",
+		}
+		for _, f := range mismatch.Fields {
+			p.Errors = append(p.Errors, FieldError{Field: f, Detail: "differs from the first request sent with this key"})
+		}
+		return p
+	case errors.Is(err, inbox.ErrKeyInProgress):
+		return &Problem{
+			Type: TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict,
+			Detail:     "another request with this Idempotency-Key is still being processed; retry later",
+			RetryAfter: time.Second,
+		}
+	case errors.Is(err, inbox.ErrConflictInProgress):
+		// Nothing is wrong with the request; it could not be decided in
+		// time because a conflicting one still holds a lock.
+		return &Problem{
+			Type: TypeUnavailable, Title: "Busy", Status: http.StatusServiceUnavailable,
+			Detail:     "a conflicting request is still being processed; retry later",
+			RetryAfter: time.Second,
+		}
+	}
+	return &Problem{Type: TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError}
+}
+
+// HandlerFunc is an http.HandlerFunc that returns its error instead of
+// writing it, so every error goes through Render.
+type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// Handle adapts h to http.HandlerFunc.
+func Handle(h HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			Render(w, r, err)
+		}
+	}
+}

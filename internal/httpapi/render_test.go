@@ -1,0 +1,155 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/person"
+)
+
+// serve sends one request to a router whose only route returns err (or
+// panics with it), and returns the answer and the log lines.
+func serve(t *testing.T, fail func() error) (*httptest.ResponseRecorder, []string) {
+	t.Helper()
+	var logs bytes.Buffer
+	r := NewRouter(slog.New(slog.NewJSONHandler(&logs, nil)), func(context.Context) error { return nil })
+	r.Post("/x", Handle(func(http.ResponseWriter, *http.Request) error { return fail() }))
+	w := httptest.NewRecorder()
+	r.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/x", nil))
+	var lines []string
+	for l := range strings.SplitSeq(strings.TrimSpace(logs.String()), "\n") {
+		if l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return w, lines
+}
+
+// TestRenderHidesAndLogsInternalErrorsOnce: the client gets a bare 500; the
+// cause is in exactly one log line, the request's.
+func TestRenderHidesAndLogsInternalErrorsOnce(t *testing.T) {
+	t.Parallel()
+	w, logs := serve(t, func() error {
+		return fmt.Errorf("insert student: %w", errors.New(`relation "students" secret detail`))
+	})
+	require.Equal(t, http.StatusInternalServerError, w.Code)
+	require.Equal(t, ProblemContentType, w.Header().Get("Content-Type"))
+	require.JSONEq(t, `{"type":"/problems/internal","title":"Internal server error","status":500}`, w.Body.String())
+	require.Len(t, logs, 1, "one line per failure: %v", logs)
+	require.Contains(t, logs[0], `"level":"ERROR"`)
+	require.Contains(t, logs[0], `"status":500`)
+	require.Contains(t, logs[0], "secret detail")
+}
+
+func TestRenderPanicIsA500LoggedOnce(t *testing.T) {
+	t.Parallel()
+	w, logs := serve(t, func() error { panic("boom") })
+	require.Equal(t, http.StatusInternalServerError, w.Code)
+	require.Equal(t, ProblemContentType, w.Header().Get("Content-Type"))
+	require.NotContains(t, w.Body.String(), "boom")
+	require.Len(t, logs, 1, "%v", logs)
+	require.Contains(t, logs[0], "panic: boom")
+}
+
+func TestRenderUnavailableLogsItsCause(t *testing.T) {
+	t.Parallel()
+	w, logs := serve(t, func() error { return Unavailable("the database is not reachable", errors.New("dial tcp: refused")) })
+	require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	require.NotContains(t, w.Body.String(), "refused")
+	require.Len(t, logs, 1)
+	require.Contains(t, logs[0], "dial tcp: refused")
+}
+
+// TestRenderDomainErrors: the errors of the packages that know nothing of
+// HTTP become their problems here, and a 4xx is not logged as a failure.
+func TestRenderDomainErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		err        error
+		status     int
+		typ        string
+		fields     []string
+		retryAfter string
+	}{
+		{name: "invalid person", err: &person.InvalidError{Fields: []person.FieldError{{Field: "name", Detail: "required"}, {Field: "email", Detail: "required"}}},
+			status: 400, typ: TypeValidation, fields: []string{"name", "email"}},
+		{name: "key reused", err: fmt.Errorf("create: %w", &inbox.MismatchError{Fields: []string{"email"}}),
+			status: 422, typ: TypeIdempotencyMismatch, fields: []string{"email"}},
+		{name: "key in progress", err: inbox.ErrKeyInProgress, status: 409, typ: TypeIdempotencyBusy, retryAfter: "1"},
+		{name: "conflict in progress", err: fmt.Errorf("%w: lock timeout", inbox.ErrConflictInProgress), status: 503, typ: TypeUnavailable, retryAfter: "1"},
+		{name: "retry after rounds up", err: &Problem{Type: TypeIdempotencyBusy, Title: "Busy", Status: 409, RetryAfter: 1500 * time.Millisecond},
+			status: 409, typ: TypeIdempotencyBusy, retryAfter: "2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			w, logs := serve(t, func() error { return tt.err })
+			require.Equal(t, tt.status, w.Code)
+			require.Equal(t, ProblemContentType, w.Header().Get("Content-Type"))
+			require.Contains(t, w.Body.String(), `"type":"`+tt.typ+`"`)
+			for _, f := range tt.fields {
+				require.Contains(t, w.Body.String(), `"field":"`+f+`"`)
+			}
+			require.Equal(t, tt.retryAfter, w.Header().Get("Retry-After"))
+			if tt.status < 500 {
+				require.Empty(t, logs, "a client's mistake is logged at debug level only")
+			}
+		})
+	}
+}
+
+func TestProblemBodyIsNotHTMLEscaped(t *testing.T) {
+	t.Parallel()
+	require.JSONEq(t, `{"type":"/problems/validation","title":"Invalid request","status":400,
+		"detail":"document_number: may hold only letters & digits",
+		"errors":[{"field":"document_number","detail":"may hold only letters & digits"}]}`,
+		string(Field("document_number", "may hold only letters & digits").Body()))
+	require.Contains(t, string(Field("x", "a & b").Body()), "a & b")
+}
+
+func TestUnknownRouteAndMethodAreProblems(t *testing.T) {
+	t.Parallel()
+	r := NewRouter(slog.New(slog.DiscardHandler), func(context.Context) error { return nil })
+	r.Post("/x", Handle(func(http.ResponseWriter, *http.Request) error { return nil }))
+	for _, tt := range []struct {
+		method, path string
+		status       int
+	}{{http.MethodGet, "/nowhere", 404}, {http.MethodDelete, "/x", 405}} {
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, httptest.NewRequest(tt.method, tt.path, nil))
+		require.Equal(t, tt.status, w.Code)
+		require.Equal(t, ProblemContentType, w.Header().Get("Content-Type"))
+	}
+}
+
+// TestWriteOutcome: a stored success is JSON, a stored refusal a problem,
+// and a replay says so.
+func TestWriteOutcome(t *testing.T) {
+	t.Parallel()
+	created, err := Answer(http.StatusCreated, map[string]string{"id": "x"}, [16]byte{1})
+	require.NoError(t, err)
+	w := httptest.NewRecorder()
+	WriteOutcome(w, created, false, "/things/")
+	require.Equal(t, "application/json", w.Header().Get("Content-Type"))
+	require.Equal(t, "/things/01000000-0000-0000-0000-000000000000", w.Header().Get("Location"))
+	require.Empty(t, w.Header().Get(ReplayedHeader))
+
+	w = httptest.NewRecorder()
+	WriteOutcome(w, Refusal(DocumentTaken("taken")), true, "/things/")
+	require.Equal(t, http.StatusConflict, w.Code)
+	require.Equal(t, ProblemContentType, w.Header().Get("Content-Type"))
+	require.Equal(t, "true", w.Header().Get(ReplayedHeader))
+	require.Empty(t, w.Header().Get("Location"))
+}

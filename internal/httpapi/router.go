@@ -1,0 +1,160 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+)
+
+// NewRouter returns a router with what every HTTP server of the project
+// shares: one log line per request, panics answered as 500 problems,
+// problem+json for unknown routes and methods, /healthz, and /readyz
+// backed by ping.
+func NewRouter(log *slog.Logger, ping func(context.Context) error) chi.Router {
+	r := chi.NewRouter()
+	r.Use(LogRequests(log), recoverPanics)
+	r.NotFound(notFound)
+	r.MethodNotAllowed(methodNotAllowed)
+	r.Get("/healthz", Handle(healthz))
+	r.Get("/readyz", Handle(readyz(ping)))
+	return r
+}
+
+func notFound(w http.ResponseWriter, r *http.Request) {
+	Render(w, r, &Problem{
+		Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound,
+		Detail: "no route for " + r.Method + " " + r.URL.Path,
+	})
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	Render(w, r, &Problem{
+		Type: TypeMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
+		Detail: r.Method + " is not supported on " + r.URL.Path,
+	})
+}
+
+// healthz answers 200 while the process is up.
+func healthz(w http.ResponseWriter, _ *http.Request) error {
+	return WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readyz answers 200 when ping succeeds within two seconds, 503 otherwise.
+func readyz(ping func(context.Context) error) HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := ping(ctx); err != nil {
+			return Unavailable("the database is not reachable", fmt.Errorf("ping database: %w", err))
+		}
+		return WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}
+}
+
+// WriteJSON sends v with the given (success) status. It encodes before
+// writing anything, so an encoding failure can still be answered by Render.
+func WriteJSON(w http.ResponseWriter, status int, v any) error {
+	body, err := jsonBody(v)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+	return nil
+}
+
+func jsonBody(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("encode answer: %w", err)
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// recoverPanics answers a panicking handler with a 500 problem and hands the
+// panic to the request's log line. http.ErrAbortHandler is re-raised: it is
+// net/http's way to abort a response on purpose.
+func recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if err, ok := v.(error); ok && errors.Is(err, http.ErrAbortHandler) {
+				panic(v)
+			}
+			Render(w, r, fmt.Errorf("panic: %v", v))
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requestLog is what a request's log line collects while it runs.
+type requestLog struct{ err error }
+
+type requestLogKey struct{}
+
+// noteError attaches err to the request's log line.
+func noteError(r *http.Request, err error) {
+	if rl, ok := r.Context().Value(requestLogKey{}).(*requestLog); ok {
+		rl.err = err
+	}
+}
+
+// LogRequests logs one line per request when it ends: at debug level, or
+// at error level with the cause for a 5xx. It is the only place a failed
+// request is logged.
+func LogRequests(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			rl := &requestLog{}
+			sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+			next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), requestLogKey{}, rl)))
+			level := slog.LevelDebug
+			attrs := []slog.Attr{
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", sw.status),
+				slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+			}
+			if sw.status >= 500 {
+				level = slog.LevelError
+				if rl.err != nil {
+					attrs = append(attrs, slog.String("error", describe(rl.err)))
+				}
+			}
+			log.LogAttrs(r.Context(), level, "http request", attrs...)
+		})
+	}
+}
+
+// describe is an error's message, with a problem's hidden cause added.
+func describe(err error) string {
+	var p *Problem
+	if errors.As(err, &p) && p.Cause != nil {
+		return err.Error() + ": " + p.Cause.Error()
+	}
+	return err.Error()
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,162 @@
+// Package service owns the life of each of the project's three processes,
+// so that Student, Users and the outbox sender start, run and stop the same
+// way: the subcommands ("migrate", "healthcheck"), the logger, the database
+// pool, the parts that run side by side (HTTP servers, loops), and a
+// graceful stop when the context ends.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/httpapi"
+)
+
+// Binary describes one binary.
+type Binary struct {
+	Name        string         // "student", "users" or "outbox-sender": the service attribute of every log line
+	Migrations  migrations.Set // "" when the binary has no "migrate" subcommand
+	DatabaseURL string
+	MaxConns    int32 // the pool's size; 0 for pgx's default
+	LogLevel    string
+	// HealthAddr is the listen address whose /readyz the "healthcheck"
+	// subcommand asks. The container image has no shell and no curl, so
+	// the binary checks itself.
+	HealthAddr string
+	// Start builds the parts that run until the context ends.
+	Start func(log *slog.Logger, pool *pgxpool.Pool) []Part
+}
+
+// Part is one thing a process runs until its context ends. Run must return
+// soon after ctx ends; a part that returns earlier stops the process.
+type Part struct {
+	Name string // for errors, such as "STUDENT_HTTP_ADDR=:8080"
+	Run  func(ctx context.Context) error
+}
+
+// Server is the Part that serves h on addr, read from the variable addrVar.
+func Server(log *slog.Logger, addrVar, addr string, h http.Handler) Part {
+	return Part{
+		Name: addrVar + "=" + addr,
+		Run:  func(ctx context.Context) error { return httpapi.ListenAndServe(ctx, log, addr, h) },
+	}
+}
+
+// Run carries out args: none to serve, "migrate" to apply the migrations
+// and return, "healthcheck" to ask the running process whether it is ready.
+func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error {
+	commands := []string{"healthcheck"}
+	if b.Migrations != "" {
+		commands = append(commands, "migrate")
+	}
+	switch {
+	case len(args) == 0:
+	case len(args) == 1 && slices.Contains(commands, args[0]):
+	default:
+		return fmt.Errorf("unknown arguments %q: want none, or one of %s", args, strings.Join(commands, ", "))
+	}
+	if len(args) == 1 && args[0] == "healthcheck" {
+		return healthcheck(ctx, b.HealthAddr, stdout)
+	}
+
+	log, err := NewLogger(stdout, b.LogLevel)
+	if err != nil {
+		return err
+	}
+	log = log.With(slog.String("service", b.Name))
+	poolCfg, err := pgxpool.ParseConfig(b.DatabaseURL)
+	if err != nil {
+		return errors.New("parse database URL: malformed") // the URL may hold a password: never echo it
+	}
+	if b.MaxConns > 0 {
+		poolCfg.MaxConns = b.MaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("connect to database: %w", err)
+	}
+	defer pool.Close()
+
+	if len(args) == 1 { // migrate
+		if err := migrations.Up(ctx, pool, b.Migrations); err != nil {
+			return err
+		}
+		log.Info("migrations applied")
+		return nil
+	}
+	return runParts(ctx, b.Start(log, pool))
+}
+
+// runParts runs every part until ctx ends or one of them returns, then
+// stops the others and waits for them.
+func runParts(ctx context.Context, parts []Part) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, p := range parts {
+		wg.Go(func() {
+			defer cancel() // one part stopping stops the process
+			if err := p.Run(ctx); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// NewLogger returns a JSON logger; level is debug, info, warn or error.
+func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// healthcheck asks the process listening on addr (on this host) for
+// /readyz and succeeds on 200.
+func healthcheck(ctx context.Context, addr string, stdout io.Writer) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("healthcheck: listen address %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	url := "http://" + net.JoinHostPort(host, port) + "/readyz"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthcheck: %s answered %s", url, resp.Status)
+	}
+	_, err = fmt.Fprintln(stdout, "ready")
+	return err
+}

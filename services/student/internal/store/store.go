@@ -1,0 +1,165 @@
+// Package store is Student's store boundary: the only code in Student that
+// talks to Student's database. It returns its own errors (ErrNotFound,
+// ErrDocumentTaken), never pgx's, so the handlers above it know nothing of
+// PostgreSQL.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/person"
+	"github.com/outboxref/outboxref/services/student/internal/studentdb"
+)
+
+// OperationCreateUser is the outbox operation that asks Users for a user.
+const OperationCreateUser = "create-user"
+
+var (
+	// ErrNotFound: no student has that id.
+	ErrNotFound = errors.New("student not found")
+	// ErrDocumentTaken: Student's own rule, one student per document
+	// number, refuses the new student.
+	ErrDocumentTaken = errors.New("a student with this document number already exists")
+)
+
+// Student is a student with where its create-user operation stands.
+type Student struct {
+	ID             uuid.UUID
+	Name           string
+	Email          string
+	DocumentNumber string
+	UserID         uuid.NullUUID // recorded by the outbox sender once Users answered
+	CreatedAt      time.Time
+	// The create-user outbox row: state is pending, delivered or dead.
+	OutboxState string
+	Attempts    int
+	LastError   *string
+}
+
+// Position is where a page of students starts: after this (created_at, id).
+type Position struct {
+	CreatedAt time.Time
+	ID        uuid.UUID
+}
+
+// Store reads and writes Student's database.
+type Store struct {
+	pool *pgxpool.Pool
+	q    *studentdb.Queries
+	// Inbox remembers the answers to clients' idempotency keys; its purge
+	// loop runs beside the server.
+	Inbox *inbox.Inbox
+}
+
+// New returns a Store on pool's database. keyWait bounds how long a request
+// waits for another one holding the same key or document number.
+func New(pool *pgxpool.Pool, keyWait time.Duration) *Store {
+	ib := inbox.New(pool)
+	ib.LockTimeout = keyWait
+	return &Store{pool: pool, q: studentdb.New(), Inbox: ib}
+}
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// Answer turns what creating a student produced (the student, or
+// ErrDocumentTaken) into the answer for the client, stored under the
+// client's key when it sent one.
+type Answer func(Student, error) (inbox.Outcome, error)
+
+// CreateStudent writes the student and its create-user outbox row in one
+// transaction. With a client key (non-empty) it runs at most once per key,
+// and a repeat gets the stored answer with replayed set; without one, each
+// call is a new operation.
+func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, answer Answer) (out inbox.Outcome, replayed bool, err error) {
+	op := func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
+		st, err := s.insertStudent(ctx, tx, p)
+		if err != nil && !errors.Is(err, ErrDocumentTaken) {
+			return inbox.Outcome{}, err
+		}
+		return answer(st, err)
+	}
+	if key == "" {
+		out, err = s.Inbox.Once(ctx, op)
+		return out, false, err
+	}
+	return s.Inbox.Do(ctx, key, p.Fields(), op)
+}
+
+// insertStudent is the outbox half of the pattern: the student and the
+// outbox row that asks Users for its user are written in the caller's
+// transaction, so both commit or neither does. The row gets a fresh
+// idempotency key that stays with the operation for every delivery, and a
+// payload fixed now, so every delivery sends the same request.
+func (s *Store) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person) (Student, error) {
+	st, err := s.q.InsertStudent(ctx, tx, studentdb.InsertStudentParams{
+		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
+	})
+	if errors.Is(err, pgx.ErrNoRows) { // ON CONFLICT DO NOTHING returned no row
+		return Student{}, ErrDocumentTaken
+	}
+	if err != nil {
+		return Student{}, fmt.Errorf("insert student: %w", err)
+	}
+	payload, err := json.Marshal(p)
+	if err != nil {
+		return Student{}, fmt.Errorf("encode outbox payload: %w", err)
+	}
+	if err := s.q.InsertOutboxRow(ctx, tx, studentdb.InsertOutboxRowParams{
+		IdempotencyKey: uuid.New(), Operation: OperationCreateUser, StudentID: st.ID, Payload: payload,
+	}); err != nil {
+		return Student{}, fmt.Errorf("insert outbox row: %w", err)
+	}
+	return Student{
+		ID: st.ID, Name: st.Name, Email: st.Email, DocumentNumber: st.DocumentNumber,
+		CreatedAt: st.CreatedAt, OutboxState: "pending",
+	}, nil
+}
+
+// Student returns the student with id, or ErrNotFound.
+func (s *Store) Student(ctx context.Context, id uuid.UUID) (Student, error) {
+	row, err := s.q.GetStudent(ctx, s.pool, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Student{}, ErrNotFound
+	}
+	if err != nil {
+		return Student{}, fmt.Errorf("get student: %w", err)
+	}
+	return fromRow(studentdb.ListStudentsRow(row)), nil
+}
+
+// Students returns up to limit students after the position, oldest first.
+func (s *Store) Students(ctx context.Context, after Position, limit int) ([]Student, error) {
+	rows, err := s.q.ListStudents(ctx, s.pool, studentdb.ListStudentsParams{
+		AfterCreatedAt: after.CreatedAt, AfterID: after.ID, PageSize: int32(limit), //nolint:gosec // limit is at most MaxPageSize+1
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list students: %w", err)
+	}
+	out := make([]Student, len(rows))
+	for i, row := range rows {
+		out[i] = fromRow(row)
+	}
+	return out, nil
+}
+
+func fromRow(row studentdb.ListStudentsRow) Student {
+	st := Student{
+		ID: row.ID, Name: row.Name, Email: row.Email, DocumentNumber: row.DocumentNumber,
+		UserID: row.UserID, CreatedAt: row.CreatedAt,
+		OutboxState: row.OutboxState.String, Attempts: int(row.Attempts.Int32),
+	}
+	if row.LastError.Valid {
+		st.LastError = &row.LastError.String
+	}
+	return st
+}

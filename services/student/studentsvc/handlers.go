@@ -1,0 +1,228 @@
+// Package studentsvc is the Student service: its HTTP handlers,
+// configuration and Run. Student owns its database (students, outbox and the
+// inbox of client idempotency keys, behind internal/store); the outbox
+// sender is the only other process that writes to it, and only to record
+// delivery.
+package studentsvc
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/person"
+	"github.com/outboxref/outboxref/services/student/internal/store"
+)
+
+// Page sizes for GET /students.
+const (
+	DefaultPageSize = 50
+	MaxPageSize     = 200
+)
+
+// Server serves the Student API.
+type Server struct {
+	log   *slog.Logger
+	store *store.Store
+}
+
+// NewServer returns a Server on pool's database.
+func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
+	return &Server{log: log, store: store.New(pool, cfg.KeyWait)}
+}
+
+// Routes returns every route Student serves.
+func (s *Server) Routes() http.Handler {
+	r := httpapi.NewRouter(s.log, s.store.Ping)
+	r.Post("/students", httpapi.Handle(s.createStudent))
+	r.Get("/students", httpapi.Handle(s.listStudents))
+	r.Get("/students/{id}", httpapi.Handle(s.getStudent))
+	return r
+}
+
+// Student is the representation of a student.
+type Student struct {
+	ID             uuid.UUID    `json:"id"`
+	Name           string       `json:"name"`
+	Email          string       `json:"email"`
+	DocumentNumber string       `json:"document_number"`
+	UserID         *uuid.UUID   `json:"user_id"`
+	CreatedAt      time.Time    `json:"created_at"`
+	Provisioning   Provisioning `json:"provisioning"`
+}
+
+// Provisioning is where the student's create-user operation stands.
+type Provisioning struct {
+	// State is pending (not yet answered by Users), linked (user_id is
+	// recorded) or failed (dead-lettered; LastError says why).
+	State     string  `json:"state"`
+	Attempts  int     `json:"attempts"`
+	LastError *string `json:"last_error"`
+}
+
+// Provisioning states.
+const (
+	StatePending = "pending"
+	StateLinked  = "linked"
+	StateFailed  = "failed"
+)
+
+// Page is one page of GET /students.
+type Page struct {
+	Items      []Student `json:"items"`
+	NextCursor *string   `json:"next_cursor"`
+}
+
+// createStudent takes the client's optional Idempotency-Key; the store
+// writes the student and its outbox row together.
+func (s *Server) createStudent(w http.ResponseWriter, r *http.Request) error {
+	key, _, err := httpapi.IdempotencyKey(r)
+	if err != nil {
+		return err
+	}
+	var in person.Input
+	if err := httpapi.DecodeJSON(w, r, &in); err != nil {
+		return err
+	}
+	p, err := in.Validate()
+	if err != nil {
+		return err
+	}
+	out, replayed, err := s.store.CreateStudent(r.Context(), key, p, answerCreateStudent)
+	if err != nil {
+		return err
+	}
+	httpapi.WriteOutcome(w, out, replayed, "/students/")
+	return nil
+}
+
+// answerCreateStudent is the client's answer, stored under its key: the new
+// student, still pending, or the refusal of a taken document number.
+func answerCreateStudent(st store.Student, err error) (inbox.Outcome, error) {
+	if errors.Is(err, store.ErrDocumentTaken) {
+		return httpapi.Refusal(httpapi.DocumentTaken("a student with this document number already exists")), nil
+	}
+	return httpapi.Answer(http.StatusCreated, representation(st), st.ID)
+}
+
+func (s *Server) getStudent(w http.ResponseWriter, r *http.Request) error {
+	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		return httpapi.Field("id", "must be a UUID")
+	}
+	st, err := s.store.Student(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		return httpapi.NotFound("student " + id.String())
+	}
+	if err != nil {
+		return err
+	}
+	return httpapi.WriteJSON(w, http.StatusOK, representation(st))
+}
+
+func (s *Server) listStudents(w http.ResponseWriter, r *http.Request) error {
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return httpapi.Field("query", "malformed query string")
+	}
+	for name := range query {
+		if name != "limit" && name != "cursor" {
+			return httpapi.Field(name, "unknown parameter; want limit or cursor")
+		}
+	}
+	limit := DefaultPageSize
+	if v := query.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxPageSize {
+			return httpapi.Field("limit", fmt.Sprintf("must be a whole number from 1 to %d", MaxPageSize))
+		}
+		limit = n
+	}
+	after := cursor{}
+	if v := query.Get("cursor"); v != "" {
+		c, err := parseCursor(v)
+		if err != nil {
+			return httpapi.Field("cursor", "not a cursor returned by this API")
+		}
+		after = c
+	}
+	// One extra row tells whether another page exists.
+	rows, err := s.store.Students(r.Context(), store.Position(after), limit+1)
+	if err != nil {
+		return err
+	}
+	page := Page{Items: make([]Student, 0, min(len(rows), limit))}
+	for i, st := range rows {
+		if i == limit {
+			next := cursor{CreatedAt: rows[i-1].CreatedAt, ID: rows[i-1].ID}.String()
+			page.NextCursor = &next
+			break
+		}
+		page.Items = append(page.Items, representation(st))
+	}
+	return httpapi.WriteJSON(w, http.StatusOK, page)
+}
+
+// representation is a student as the API shows it: where its user stands is
+// read from the user id and the outbox row together.
+func representation(st store.Student) Student {
+	out := Student{
+		ID: st.ID, Name: st.Name, Email: st.Email, DocumentNumber: st.DocumentNumber,
+		CreatedAt:    st.CreatedAt.UTC(),
+		Provisioning: Provisioning{State: StatePending, Attempts: st.Attempts, LastError: st.LastError},
+	}
+	switch {
+	case st.UserID.Valid:
+		out.UserID = &st.UserID.UUID
+		out.Provisioning.State = StateLinked
+	case st.OutboxState == "dead":
+		out.Provisioning.State = StateFailed
+	}
+	return out
+}
+
+// cursor is the position after which the next page starts. It travels as
+// opaque base64 so clients do not come to depend on its form.
+type cursor store.Position
+
+func (c cursor) String() string {
+	raw := strconv.FormatInt(c.CreatedAt.UnixMicro(), 10) + "," + c.ID.String()
+	return base64.RawURLEncoding.EncodeToString([]byte(raw))
+}
+
+func parseCursor(s string) (cursor, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return cursor{}, err
+	}
+	ts, id, ok := strings.Cut(string(raw), ",")
+	if !ok {
+		return cursor{}, errors.New("no separator")
+	}
+	micros, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return cursor{}, err
+	}
+	// Cursors we issue hold times from 1970 to 9999; anything else would
+	// only reach the database to fail there as out of range.
+	if micros < 0 || micros >= 253402300800000000 {
+		return cursor{}, errors.New("time out of range")
+	}
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return cursor{}, err
+	}
+	return cursor{CreatedAt: time.UnixMicro(micros), ID: u}, nil
+}

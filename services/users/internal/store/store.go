@@ -1,0 +1,101 @@
+// Package store is Users' store boundary: the only code that talks to
+// Users' database. It returns its own errors (ErrNotFound, ErrDocumentTaken),
+// never pgx's, so the handlers above it know nothing of PostgreSQL.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/person"
+	"github.com/outboxref/outboxref/services/users/internal/usersdb"
+)
+
+var (
+	// ErrNotFound: no user has that id.
+	ErrNotFound = errors.New("user not found")
+	// ErrDocumentTaken: the business rule, one enabled user per document
+	// number, refuses the new user.
+	ErrDocumentTaken = errors.New("an enabled user already has this document number")
+)
+
+// User is a user as Users stores it.
+type User struct {
+	ID             uuid.UUID
+	Name           string
+	Email          string
+	DocumentNumber string
+	Enabled        bool
+	CreatedAt      time.Time
+}
+
+// Store reads and writes Users' database.
+type Store struct {
+	pool *pgxpool.Pool
+	q    *usersdb.Queries
+	// Inbox remembers each idempotency key's answer; its purge loop runs
+	// beside the server.
+	Inbox *inbox.Inbox
+}
+
+// New returns a Store on pool's database. keyWait bounds how long a request
+// waits for another one holding the same key or document number.
+func New(pool *pgxpool.Pool, keyWait time.Duration) *Store {
+	ib := inbox.New(pool)
+	ib.LockTimeout = keyWait
+	return &Store{pool: pool, q: usersdb.New(), Inbox: ib}
+}
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// Answer turns what creating a user produced (the user, or ErrDocumentTaken)
+// into the answer stored under the operation's key.
+type Answer func(User, error) (inbox.Outcome, error)
+
+// CreateUser is the create-user operation, at most once per key: the user
+// (or the refusal) and the answer stored under key commit in one
+// transaction. A repeat of key gets the stored answer, with replayed set.
+func (s *Store) CreateUser(ctx context.Context, key string, p person.Person, answer Answer) (out inbox.Outcome, replayed bool, err error) {
+	return s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
+		u, err := s.insertUser(ctx, tx, p)
+		if err != nil && !errors.Is(err, ErrDocumentTaken) {
+			return inbox.Outcome{}, err
+		}
+		return answer(u, err)
+	})
+}
+
+// insertUser applies the business rule in the database: the partial unique
+// index on enabled users' document numbers.
+func (s *Store) insertUser(ctx context.Context, tx pgx.Tx, p person.Person) (User, error) {
+	u, err := s.q.InsertUser(ctx, tx, usersdb.InsertUserParams{
+		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
+	})
+	if errors.Is(err, pgx.ErrNoRows) { // ON CONFLICT DO NOTHING returned no row
+		return User{}, ErrDocumentTaken
+	}
+	if err != nil {
+		return User{}, fmt.Errorf("insert user: %w", err)
+	}
+	return User(u), nil
+}
+
+// User returns the user with id, or ErrNotFound.
+func (s *Store) User(ctx context.Context, id uuid.UUID) (User, error) {
+	u, err := s.q.GetUser(ctx, s.pool, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return User{}, ErrNotFound
+	}
+	if err != nil {
+		return User{}, fmt.Errorf("get user: %w", err)
+	}
+	return User(u), nil
+}

@@ -1,0 +1,108 @@
+// Package usersvc is the Users service: its HTTP handlers, configuration
+// and Run. Users owns its database (users and inbox, behind
+// internal/store); nothing else writes to it.
+package usersvc
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/internal/crashpoint"
+	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/person"
+	"github.com/outboxref/outboxref/services/users/internal/store"
+)
+
+// Server serves the Users API.
+type Server struct {
+	log   *slog.Logger
+	store *store.Store
+}
+
+// NewServer returns a Server on pool's database.
+func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
+	return &Server{log: log, store: store.New(pool, cfg.KeyWait)}
+}
+
+// Routes returns every route Users serves.
+func (s *Server) Routes() http.Handler {
+	r := httpapi.NewRouter(s.log, s.store.Ping)
+	r.Post("/users", httpapi.Handle(s.createUser))
+	r.Get("/users/{id}", httpapi.Handle(s.getUser))
+	return r
+}
+
+// CreatedUser is the body of a 201 from POST /users, and the answer stored
+// in the inbox under the request's key.
+type CreatedUser struct {
+	UserID uuid.UUID `json:"userId"`
+	Status string    `json:"status"`
+}
+
+// User is the representation of a user.
+type User struct {
+	ID             uuid.UUID `json:"id"`
+	Name           string    `json:"name"`
+	Email          string    `json:"email"`
+	DocumentNumber string    `json:"document_number"`
+	Enabled        bool      `json:"enabled"`
+	CreatedAt      time.Time `json:"created_at"`
+}
+
+// createUser is the receiving end of the outbox: the key is required, and
+// the store runs the operation at most once per key.
+func (s *Server) createUser(w http.ResponseWriter, r *http.Request) error {
+	key, err := httpapi.RequiredKey(r)
+	if err != nil {
+		return err
+	}
+	var in person.Input
+	if err := httpapi.DecodeJSON(w, r, &in); err != nil {
+		return err
+	}
+	p, err := in.Validate()
+	if err != nil {
+		return err
+	}
+	out, replayed, err := s.store.CreateUser(r.Context(), key, p, answerCreateUser)
+	if err != nil {
+		return err
+	}
+	crashpoint.Hit(crashpoint.UsersAfterCommit)
+	httpapi.WriteOutcome(w, out, replayed, "/users/")
+	return nil
+}
+
+// answerCreateUser is the answer stored under the key: the new user's id,
+// or the business rule's refusal, which a repeat of the key gets again.
+func answerCreateUser(u store.User, err error) (inbox.Outcome, error) {
+	if errors.Is(err, store.ErrDocumentTaken) {
+		return httpapi.Refusal(httpapi.DocumentTaken("an enabled user already has this document number")), nil
+	}
+	return httpapi.Answer(http.StatusCreated, CreatedUser{UserID: u.ID, Status: "created"}, u.ID)
+}
+
+func (s *Server) getUser(w http.ResponseWriter, r *http.Request) error {
+	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		return httpapi.Field("id", "must be a UUID")
+	}
+	u, err := s.store.User(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		return httpapi.NotFound("user " + id.String())
+	}
+	if err != nil {
+		return err
+	}
+	return httpapi.WriteJSON(w, http.StatusOK, User{
+		ID: u.ID, Name: u.Name, Email: u.Email, DocumentNumber: u.DocumentNumber,
+		Enabled: u.Enabled, CreatedAt: u.CreatedAt.UTC(),
+	})
+}

@@ -1,0 +1,102 @@
+// Package contract is the idempotency contract of the README's table, as a
+// test suite that runs against any endpoint implementing it. Student's
+// POST /students and Users' POST /users both run it, so the one contract is
+// checked once, the same way, in both places.
+package contract
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/testkit/apitest"
+)
+
+// Target is an endpoint under the contract.
+type Target struct {
+	URL string // where to POST, such as base + "/users"
+	// KeyRequired: a request without Idempotency-Key is refused (Users),
+	// rather than run as a new operation each time (Student).
+	KeyRequired bool
+	// Created counts what the endpoint has created so far; it should also
+	// check that everything created with it (an outbox row) is there.
+	Created func(t *testing.T) int
+}
+
+// Body is a person's JSON body.
+func Body(name, email, doc string) string {
+	return fmt.Sprintf(`{"name":%q,"email":%q,"document_number":%q}`, name, email, doc)
+}
+
+type step struct {
+	situation string
+	keys      []string // Idempotency-Key headers sent, in order
+	body      string
+	status    int
+	replayed  bool
+	problem   string
+	fields    []string
+	created   int // what exists after the step
+	sameAs    string
+}
+
+// Run walks the contract row by row, in order, against one fresh database:
+// each step states what the client sends and everything it must get back.
+func Run(t *testing.T, tg Target) {
+	t.Helper()
+	ada := Body("Ada Lovelace", "ada@example.com", "111-1")
+	adaOtherEmail := Body("Ada Lovelace", "ada@example.org", "111-1")
+	adaOtherKey := Body("Ada L.", "ada2@example.com", "111-1")
+	bob := Body("Bob Stone", "bob@example.com", "222-2")
+	key := func(k string) []string { return []string{k} }
+	validation, mismatch, taken := httpapi.TypeValidation, httpapi.TypeIdempotencyMismatch, httpapi.TypeDocumentTaken
+	keyField := []string{httpapi.KeyHeader}
+
+	steps := []step{
+		{situation: "malformed key", keys: key("a,b"), body: ada, status: 400, problem: validation, fields: keyField},
+		{situation: "key longer than 255", keys: key(strings.Repeat("k", 256)), body: ada, status: 400, problem: validation, fields: keyField},
+		{situation: "key sent twice", keys: []string{"k1", "k2"}, body: ada, status: 400, problem: validation, fields: keyField},
+		{situation: "invalid body", keys: key("k1"), body: `{"name":"Ada"}`, status: 400, problem: validation, fields: []string{"email", "document_number"}},
+		{situation: "new key (bare)", keys: key("k1"), body: ada, status: 201, created: 1},
+		{situation: "same key (quoted), same body", keys: key(`"k1"`), body: ada, status: 201, replayed: true, created: 1, sameAs: "k1"},
+		{situation: "same key, different body", keys: key("k1"), body: adaOtherEmail, status: 422, problem: mismatch, fields: []string{"email"}, created: 1},
+		{situation: "new key, document number taken", keys: key("k2"), body: adaOtherKey, status: 409, problem: taken, fields: []string{"document_number"}, created: 1},
+		{situation: "replay of the refused key", keys: key("k2"), body: adaOtherKey, status: 409, replayed: true, problem: taken, fields: []string{"document_number"}, created: 1, sameAs: "k2"},
+		{situation: "new key, new person", keys: key("k3"), body: bob, status: 201, created: 2},
+	}
+	if tg.KeyRequired {
+		steps = append(steps, step{situation: "no key", body: Body("Cy", "cy@example.com", "333-3"), status: 400, problem: validation, fields: keyField, created: 2})
+	} else {
+		steps = append(steps,
+			step{situation: "no key, document number taken", body: ada, status: 409, problem: taken, fields: []string{"document_number"}, created: 2},
+			step{situation: "no key: each request is new", body: Body("Cy", "cy@example.com", "333-3"), status: 201, created: 3},
+		)
+	}
+
+	first := map[string][]byte{}
+	for _, s := range steps {
+		var headers []string
+		for _, k := range s.keys {
+			headers = append(headers, httpapi.KeyHeader, k)
+		}
+		res := apitest.Do(t, http.MethodPost, tg.URL, s.body, headers...)
+		require.Equal(t, s.status, res.Status, "%s: %s", s.situation, res.Body)
+		require.Equal(t, s.replayed, res.Header.Get(httpapi.ReplayedHeader) == "true", s.situation)
+		if s.problem != "" {
+			p := res.Problem(t)
+			require.Equal(t, s.problem, p.Type, s.situation)
+			require.Equal(t, s.fields, p.Fields(), s.situation)
+		}
+		switch {
+		case s.sameAs != "":
+			require.Equal(t, string(first[s.sameAs]), string(res.Body), "%s: a replay returns the stored body", s.situation)
+		case len(s.keys) == 1 && s.status != 400 && s.status != 422:
+			first[s.keys[0]] = res.Body
+		}
+		require.Equal(t, s.created, tg.Created(t), s.situation)
+	}
+}
