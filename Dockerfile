@@ -2,8 +2,8 @@
 
 # One image holds all three binaries; docker-compose.yml picks the binary per
 # service with `command:`. e2e/compose_test.go reads this file: it checks that
-# every binary compose runs is built by the `go build` line below, and that
-# every published port is in EXPOSE.
+# every binary compose runs, as a command or as a healthcheck, is built by the
+# `go build` line below, and that every published port is in EXPOSE.
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
@@ -13,6 +13,9 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 
+# Only the folders the three binaries import (go list -deps shows them).
+# testkit/ and e2e/ are test scaffolding that no shipped binary imports
+# (e2e/layout_test.go checks that), so they stay out of the image.
 COPY db/ db/
 COPY internal/ internal/
 COPY services/ services/

@@ -119,6 +119,8 @@ var checks = []check{
 	{"database URLs", checkDatabases},
 	{"users URL", checkUsersURL},
 	{"start order", checkStartOrder},
+	{"healthchecks", checkHealthchecks},
+	{"depends_on conditions", checkDependsOnConditions},
 	{"inbox outlasts sender retries", checkRetention},
 }
 
@@ -164,6 +166,8 @@ services:
       STUDENT_IDEMPOTENCY_WAIT: forever
     ports: ["8080:9090"]
     depends_on: [student-migrate]
+    healthcheck:
+      test: ["CMD", "users", "healthcheck"]
   users:
     build: .
     command: ["users"]
@@ -172,6 +176,8 @@ services:
       USERS_HTTP_ADDR: ":9091"
       USERS_INBOX_RETENTION: 24h
     ports: ["9091:9091"]
+    healthcheck:
+      test: curl -f http://localhost:9091/readyz
   outbox-sender:
     build: .
     command: ["outbox-sender"]
@@ -179,6 +185,9 @@ services:
       SENDER_DATABASE_URL: postgres://postgres:pw@users-db:5432/users
       SENDER_USERS_URL: http://users:8081
       SENDER_MAX_AGE: 48h
+    depends_on:
+      users:
+        condition: service_started
   worker:
     build: .
     command: ["outbox-worker"]
@@ -214,6 +223,15 @@ services:
 			`"student-migrate": must depend on "student-db" with condition service_healthy, not service_started`,
 			`"student": must depend on a migration of student-db/student with condition service_completed_successfully`,
 			`"outbox-sender": must depend on a migration of users-db/users with condition service_completed_successfully`,
+		},
+		"healthchecks": {
+			`"student": healthcheck runs "users", the binary built from services/users, but the service runs the one built from services/student`,
+			`"users": healthcheck test is CMD-SHELL`,
+			`"outbox-sender": has no healthcheck`,
+		},
+		"depends_on conditions": {
+			`"student": must depend on "student-migrate" with condition service_completed_successfully, not service_started`,
+			`"outbox-sender": must depend on "users" with condition service_healthy, not service_started`,
 		},
 		"inbox outlasts sender retries": {
 			`USERS_INBOX_RETENTION=24h0m0s ("users") must be longer than SENDER_MAX_AGE=48h0m0s ("outbox-sender")`,
@@ -581,7 +599,7 @@ func checkStartOrder(d *deployment) []string {
 		// Without a healthcheck service_healthy cannot be waited for, and
 		// "started" only means the container exists, not that PostgreSQL
 		// accepts connections.
-		if hc := dbSvc.HealthCheck; hc == nil || hc.Disable || len(hc.Test) == 0 || hc.Test[0] == "NONE" {
+		if !hasHealthcheck(dbSvc) {
 			problems = append(problems, fmt.Sprintf("%q: has no healthcheck, so nothing can wait for it to accept connections", db.host))
 		}
 	}
@@ -612,6 +630,98 @@ func checkStartOrder(d *deployment) []string {
 		}
 		if !migrated {
 			problems = append(problems, fmt.Sprintf("%q: must depend on a migration of %s with condition %s", s.Name, db, types.ServiceConditionCompletedSuccessfully))
+		}
+	}
+	return problems
+}
+
+// hasHealthcheck says whether Docker will run a healthcheck for s, so that
+// service_healthy can be waited for.
+func hasHealthcheck(s types.ServiceConfig) bool {
+	hc := s.HealthCheck
+	return hc != nil && !hc.Disable && len(hc.Test) > 0 && hc.Test[0] != "NONE"
+}
+
+// packageOf resolves a command's first word in s's image, as checkBuild
+// does, and returns the package that binary was built from. Without a
+// loaded image (checkBuild reports why) it falls back to the binary's name.
+func (d *deployment) packageOf(s types.ServiceConfig, cmd string) (string, bool) {
+	if s.Build != nil {
+		if img, ok := d.images[dockerfilePath(s.Build)]; ok {
+			return img.lookup(cmd)
+		}
+	}
+	b, ok := binaries[path.Base(cmd)]
+	return path.Clean(b.pkg), ok
+}
+
+// checkHealthchecks: every serving Go service must have a healthcheck, or
+// nothing can wait for it to be ready, and the healthcheck must be its own
+// binary's "healthcheck" subcommand in exec form. The image is distroless:
+// CMD-SHELL needs /bin/sh, which it lacks, so a shell-form test always fails
+// and the service never becomes healthy. Running another binary's
+// subcommand would ask the wrong port's /readyz.
+func checkHealthchecks(d *deployment) []string {
+	var problems []string
+	for _, s := range d.goServices() {
+		if _, _, ok := binaryOf(s); !ok || isMigration(s) {
+			continue
+		}
+		if !hasHealthcheck(s) {
+			problems = append(problems, fmt.Sprintf("%q: has no healthcheck, so nothing can wait for it to be ready; want test [\"CMD\", %q, \"healthcheck\"]", s.Name, s.Command[0]))
+			continue
+		}
+		test := s.HealthCheck.Test
+		if test[0] != "CMD" {
+			problems = append(problems, fmt.Sprintf("%q: healthcheck test is %s %q; the image has no shell, so it must be exec form [\"CMD\", %q, \"healthcheck\"]", s.Name, test[0], test[1:], s.Command[0]))
+			continue
+		}
+		args := test[1:]
+		if len(args) != 2 || args[1] != "healthcheck" {
+			problems = append(problems, fmt.Sprintf("%q: healthcheck runs %q, want [%q \"healthcheck\"]", s.Name, args, s.Command[0]))
+			continue
+		}
+		serves, ok := d.packageOf(s, s.Command[0])
+		if !ok {
+			continue // checkBuild reports it
+		}
+		checks, ok := d.packageOf(s, args[0])
+		if !ok {
+			problems = append(problems, fmt.Sprintf("%q: healthcheck runs %q, which is not a binary the Dockerfile builds and copies into the final image", s.Name, args[0]))
+			continue
+		}
+		if checks != serves {
+			problems = append(problems, fmt.Sprintf("%q: healthcheck runs %q, the binary built from %s, but the service runs the one built from %s", s.Name, args[0], strings.TrimPrefix(checks, "./"), strings.TrimPrefix(serves, "./")))
+		}
+	}
+	return problems
+}
+
+// checkDependsOnConditions: a service waiting for a Go service must wait for
+// the right thing. service_started only means the container exists; a
+// migration must have finished, and a server with a healthcheck must answer
+// /readyz. A server without a healthcheck is checkHealthchecks' to report.
+func checkDependsOnConditions(d *deployment) []string {
+	var problems []string
+	for _, name := range slices.Sorted(maps.Keys(d.project.Services)) {
+		s := d.project.Services[name]
+		for _, depName := range slices.Sorted(maps.Keys(s.DependsOn)) {
+			dep, ok := d.project.Services[depName]
+			if _, _, isGo := binaryOf(dep); !ok || !isGo {
+				continue
+			}
+			var want string
+			switch {
+			case isMigration(dep):
+				want = types.ServiceConditionCompletedSuccessfully
+			case hasHealthcheck(dep):
+				want = types.ServiceConditionHealthy
+			default:
+				continue
+			}
+			if got := s.DependsOn[depName].Condition; got != want {
+				problems = append(problems, fmt.Sprintf("%q: must depend on %q with condition %s, not %s", s.Name, depName, want, cmp.Or(got, "none")))
+			}
 		}
 	}
 	return problems
