@@ -1,29 +1,46 @@
-# The project's commands. `make test` is the one CI and the README use.
+# The project's commands; `make help` lists them. `make test` is the one CI
+# and the README use.
 GO   ?= go
 SQLC := $(GO) tool -modfile=tools/go.mod sqlc
+LINT := $(GO) tool -modfile=tools/golangci-lint/go.mod golangci-lint
 
-.PHONY: test e2e bench generate check-generated vet fmt-check build ci
+.PHONY: help test e2e bench lint generate check-generated vet fmt-check build ci
 
-## test: every unit and integration test, on a throwaway PostgreSQL cluster
-## (or on the server in TEST_DATABASE_URL when it is set).
+## help: list the commands
+help:
+	@awk 'sub(/^## /, "") { split($$0, a, ": "); printf "  make %-16s %s\n", a[1], substr($$0, length(a[1]) + 3) }' $(MAKEFILE_LIST)
+
+## test: every unit and integration test, with -race, on a throwaway PostgreSQL cluster (or on TEST_DATABASE_URL)
 test:
 	$(GO) run ./testkit/withpostgres -- $(GO) test -race -count=1 -timeout 15m ./...
 
-## e2e: the fault-injection suite: real binaries, real clusters, a fault proxy.
+## e2e: the fault-injection suite: real binaries, real clusters, a fault proxy
 e2e:
 	$(GO) test -tags e2e -count=1 -timeout 20m -v ./e2e/
 
-## generate: regenerate the sqlc query code after changing db/queries or db/migrations.
+## bench: sender throughput against its one-row-at-a-time baseline, on a throwaway cluster
+bench:
+	$(GO) run ./testkit/withpostgres -- $(GO) run ./testkit/bench
+
+## lint: golangci-lint with .golangci.yml, over the plain and the e2e build
+lint:
+	$(LINT) run ./...
+	$(LINT) run --build-tags e2e,crashpoints ./...
+
+## generate: regenerate the sqlc query code after changing db/queries or db/migrations
 generate:
 	$(SQLC) generate
 
-## check-generated: fail when the committed sqlc code is stale.
+## check-generated: fail when the committed sqlc code is stale
 check-generated:
 	$(SQLC) diff
 
+## vet: go vet, over the plain and the e2e build
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags e2e,crashpoints ./...
 
+## fmt-check: fail when a Go file is not gofmt-formatted
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
@@ -31,9 +48,5 @@ fmt-check:
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/ ./services/student ./services/users ./outbox-sender
 
-ci: fmt-check vet check-generated test e2e
-
-## bench: sender throughput against its one-row-at-a-time baseline, on a
-## throwaway PostgreSQL; prints every round and the medians.
-bench:
-	$(GO) run ./testkit/withpostgres -- $(GO) run ./testkit/bench
+## ci: what .ci/run runs, in order
+ci: fmt-check vet lint check-generated test e2e

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,10 +43,7 @@ func TestBrokenPatchesApply(t *testing.T) {
 				require.Contains(t, string(patched), "BROKEN on purpose")
 			}
 
-			goCmd, err := exec.LookPath("go")
-			if err != nil {
-				goCmd = filepath.Join(runtime.GOROOT(), "bin", "go")
-			}
+			goCmd := goCommand()
 			pkg := "./" + path.Dir(p.File)
 			cmd := exec.Command(goCmd, "build", "-overlay", overlayPath, pkg)
 			cmd.Dir = ".."

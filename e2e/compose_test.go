@@ -13,6 +13,7 @@ package e2e
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -806,7 +807,7 @@ func parseDockerfile(text string) (image, error) {
 	stages := 0
 	text = strings.ReplaceAll(text, "\\\r\n", " ")
 	text = strings.ReplaceAll(text, "\\\n", " ")
-	for _, line := range strings.Split(text, "\n") {
+	for line := range strings.SplitSeq(text, "\n") {
 		if strings.HasPrefix(strings.TrimSpace(line), "#") {
 			continue // a comment may hold an apostrophe, which is no quote
 		}
@@ -854,7 +855,7 @@ func parseDockerfile(text string) (image, error) {
 				a, _, _ = strings.Cut(a, "/")
 				n, err := strconv.ParseUint(a, 10, 16)
 				if err != nil {
-					return image{}, fmt.Errorf("EXPOSE %s: %v", a, err)
+					return image{}, fmt.Errorf("EXPOSE %s: %w", a, err)
 				}
 				img.expose = append(img.expose, uint32(n))
 			}
@@ -863,10 +864,10 @@ func parseDockerfile(text string) (image, error) {
 		}
 	}
 	if stages == 0 {
-		return image{}, fmt.Errorf("no FROM")
+		return image{}, errors.New("no FROM")
 	}
 	if len(built) == 0 {
-		return image{}, fmt.Errorf("no `go build` command")
+		return image{}, errors.New("no `go build` command")
 	}
 	return img, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -35,7 +34,7 @@ type flow struct {
 
 func newFlow(t *testing.T) flow {
 	t.Helper()
-	quiet := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	quiet := slog.New(slog.DiscardHandler)
 	f := flow{studentPool: pgtest.Pool(t, migrations.Student), usersPool: pgtest.Pool(t, migrations.Users)}
 	f.student = httptest.NewServer(studentsvc.NewServer(quiet, f.studentPool, studentsvc.Config{}).Routes())
 	t.Cleanup(f.student.Close)
@@ -68,7 +67,7 @@ func (f flow) postStudents(t *testing.T, n int) []uuid.UUID {
 
 func (f flow) runSender(t *testing.T, usersURL string) (stop func()) {
 	t.Helper()
-	quiet := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	quiet := slog.New(slog.DiscardHandler)
 	s := sender.New(quiet, f.studentPool, sender.Config{
 		UsersURL: usersURL, ID: "flow", BatchSize: 50, Concurrency: 16, PollInterval: 20 * time.Millisecond,
 		Lease: 30 * time.Second, RequestTimeout: 5 * time.Second, MaxAttempts: 1000,

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -287,17 +288,10 @@ func (s *scenario) startProc(p *proc, extra ...string) {
 	s.t.Helper()
 	require.NoError(s.t, p.start(extra...))
 	err := p.waitReady(20 * time.Second)
-	if err == errExited && len(extra) > 0 {
+	if errors.Is(err, errExited) && len(extra) > 0 {
 		return
 	}
 	require.NoError(s.t, err)
-}
-
-// restart kills p (SIGKILL) if it runs and starts it again.
-func (s *scenario) restart(p *proc, extra ...string) {
-	s.t.Helper()
-	p.killGroup()
-	s.startProc(p, extra...)
 }
 
 func freeAddr(t *testing.T) string {

@@ -8,8 +8,6 @@ package e2e
 import (
 	"context"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -24,17 +22,22 @@ var shippedBinaries = []string{"./services/student", "./services/users", "./outb
 
 func goList(t *testing.T, args ...string) []string {
 	t.Helper()
-	goCmd, err := exec.LookPath("go")
-	if err != nil {
-		goCmd = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goCmd, append([]string{"list"}, args...)...)
+	cmd := exec.CommandContext(ctx, goCommand(), append([]string{"list"}, args...)...)
 	cmd.Dir = repoRoot
 	out, err := cmd.Output()
 	require.NoError(t, err, "go list %v", args)
 	return strings.Fields(string(out))
+}
+
+// goCommand is the go command: the one on PATH, as make and CI have it, or
+// the one in /usr/local/go, where this machine's Go lives.
+func goCommand() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return "/usr/local/go/bin/go"
 }
 
 // scaffolding reports the packages of deps that are test or dev scaffolding.

@@ -11,7 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -177,7 +177,7 @@ func buildAll() error {
 // brokenVariants reads E2E_BROKEN: variant names separated by commas.
 func brokenVariants() []string {
 	var names []string
-	for _, n := range strings.Split(os.Getenv("E2E_BROKEN"), ",") {
+	for n := range strings.SplitSeq(os.Getenv("E2E_BROKEN"), ",") {
 		if n = strings.TrimSpace(n); n != "" {
 			names = append(names, n)
 		}
@@ -186,10 +186,7 @@ func brokenVariants() []string {
 }
 
 func goBuild(outDir, overlay string, pkgs ...string) error {
-	goCmd, err := exec.LookPath("go")
-	if err != nil {
-		goCmd = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
+	goCmd := goCommand()
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
@@ -294,8 +291,8 @@ func killEverything(why string) {
 			fmt.Fprintf(os.Stderr, "e2e: remove cluster on port %d: %v\n", c.Port(), err)
 		}
 	}
-	for i := len(cleanups) - 1; i >= 0; i-- {
-		cleanups[i]()
+	for _, cleanup := range slices.Backward(cleanups) {
+		cleanup()
 	}
 }
 

@@ -29,8 +29,9 @@ var configLoaders = map[string]func(func(string) string) *envconfig.Reader{
 // heading (a line such as **student**), its rows' variable and default.
 func readmeConfig(t *testing.T, readme string) map[string]map[string]string {
 	t.Helper()
-	section := readme[strings.Index(readme, "## Configuration"):]
-	section = section[:strings.Index(section[3:], "\n## ")+3]
+	_, section, found := strings.Cut(readme, "## Configuration")
+	require.True(t, found, "the README has no ## Configuration section")
+	section, _, _ = strings.Cut(section, "\n## ")
 	heading := regexp.MustCompile(`^\*\*([a-z-]+)\*\*$`)
 	row := regexp.MustCompile("^\\| `([A-Z_]+)` \\| ([^|]*) \\|")
 	tables := map[string]map[string]string{}

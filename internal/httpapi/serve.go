@@ -13,7 +13,7 @@ import (
 // ListenAndServe listens on addr and serves h until ctx ends (see Serve).
 // The timeouts keep a slow or stuck client from holding a connection open.
 func ListenAndServe(ctx context.Context, log *slog.Logger, addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}

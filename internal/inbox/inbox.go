@@ -10,6 +10,7 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -147,7 +148,7 @@ func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Ou
 		}
 		if err := ib.q.SaveOutcome(ctx, tx, inboxdb.SaveOutcomeParams{
 			IdempotencyKey: key,
-			StatusCode:     pgtype.Int4{Int32: int32(out.Status), Valid: true},
+			StatusCode:     pgtype.Int4{Int32: int32(out.Status), Valid: true}, //nolint:gosec // an HTTP status, three digits
 			ResponseBody:   pgtype.Text{String: string(out.Body), Valid: true},
 			ResourceID:     uuid.NullUUID{UUID: out.ResourceID, Valid: out.ResourceID != uuid.Nil},
 		}); err != nil {
@@ -196,7 +197,7 @@ func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key string, req Request)
 	if err != nil {
 		return Outcome{}, fmt.Errorf("load idempotency key: %w", err)
 	}
-	if string(row.RequestHash) != string(req.Fingerprint()) {
+	if !bytes.Equal(row.RequestHash, req.Fingerprint()) {
 		fields, err := DifferingFields(row.Request, req)
 		if err != nil {
 			return Outcome{}, err
@@ -216,10 +217,10 @@ func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key string, req Request)
 
 // Purge deletes inbox rows older than retention, batch rows per statement,
 // and returns how many it deleted.
-func (ib *Inbox) Purge(ctx context.Context, retention time.Duration, batch int) (int64, error) {
+func (ib *Inbox) Purge(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
 	var total int64
 	for {
-		n, err := ib.q.PurgeOlderThan(ctx, ib.pool, inboxdb.PurgeOlderThanParams{Retention: retention, BatchSize: int32(batch)})
+		n, err := ib.q.PurgeOlderThan(ctx, ib.pool, inboxdb.PurgeOlderThanParams{Retention: retention, BatchSize: batch})
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("purge inbox: %w", err)

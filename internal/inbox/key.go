@@ -29,7 +29,7 @@ func ParseKey(header string) (string, error) {
 		}
 		key = k
 	} else {
-		for i := 0; i < len(v); i++ {
+		for i := range len(v) {
 			if !isTokenChar(v[i]) {
 				return "", errors.New(`a bare key may hold letters, digits and !#$%&'*+-.^_|~:/` + "`" + `; quote any other key as a structured-field string ("...")`)
 			}

@@ -59,10 +59,10 @@ func FuzzParseKey(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(key) == 0 || len(key) > MaxKeyLen {
+		if key == "" || len(key) > MaxKeyLen {
 			t.Fatalf("accepted key of length %d", len(key))
 		}
-		for i := 0; i < len(key); i++ {
+		for i := range len(key) {
 			if key[i] < 0x20 || key[i] > 0x7e {
 				t.Fatalf("accepted non-printable byte %#x", key[i])
 			}

@@ -46,9 +46,11 @@ type InvalidError struct{ Fields []FieldError }
 
 func (e *InvalidError) Error() string {
 	msg := "invalid person:"
+	var msgSb49 strings.Builder
 	for _, f := range e.Fields {
-		msg += " " + f.Field + " " + f.Detail + ";"
+		msgSb49.WriteString(" " + f.Field + " " + f.Detail + ";")
 	}
+	msg += msgSb49.String()
 	return strings.TrimSuffix(msg, ";")
 }
 
@@ -110,7 +112,7 @@ func checkDocument(s string) string {
 	if len(s) < MinDocument || len(s) > MaxDocument {
 		return "must be 3 to 32 characters"
 	}
-	for i := 0; i < len(s); i++ {
+	for i := range len(s) {
 		c := s[i]
 		if !(c >= '0' && c <= '9' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c == '.' || c == '-' || c == '/') {
 			return "may hold only letters, digits, '.', '-' and '/'"

@@ -1,17 +1,14 @@
 package person
 
 import (
-	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
-func ptr(s string) *string { return &s }
-
 func TestValidateTrimsAndAccepts(t *testing.T) {
 	t.Parallel()
-	p, err := Input{Name: ptr(" Ada Lovelace "), Email: ptr("ada@example.com"), DocumentNumber: ptr("123.456-7")}.Validate()
+	p, err := Input{Name: new(" Ada Lovelace "), Email: new("ada@example.com"), DocumentNumber: new("123.456-7")}.Validate()
 	require.NoError(t, err)
 	require.Equal(t, Person{Name: "Ada Lovelace", Email: "ada@example.com", DocumentNumber: "123.456-7"}, p)
 	require.Equal(t, map[string]string{"name": "Ada Lovelace", "email": "ada@example.com", "document_number": "123.456-7"}, p.Fields())
@@ -21,9 +18,9 @@ func TestValidateTrimsAndAccepts(t *testing.T) {
 // order of Person's fields, each with its own reason.
 func TestValidateNamesEveryField(t *testing.T) {
 	t.Parallel()
-	_, err := Input{Name: ptr("A\u0007"), DocumentNumber: ptr("12")}.Validate()
+	_, err := Input{Name: new("A\u0007"), DocumentNumber: new("12")}.Validate()
 	var invalid *InvalidError
-	require.True(t, errors.As(err, &invalid), "got %v", err)
+	require.ErrorAs(t, err, &invalid, "got %v", err)
 	require.Equal(t, []FieldError{
 		{Field: "name", Detail: "must not contain control characters"},
 		{Field: "email", Detail: "required"},

@@ -24,7 +24,7 @@ import (
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
-var quiet = slog.New(slog.NewJSONHandler(io.Discard, nil))
+var quiet = slog.New(slog.DiscardHandler)
 
 func testConfig(usersURL string) Config {
 	return Config{

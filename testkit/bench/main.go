@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -53,7 +54,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	}
 	server := getenv("TEST_DATABASE_URL")
 	if server == "" {
-		return fmt.Errorf("TEST_DATABASE_URL is not set: run `make bench`, which starts a throwaway PostgreSQL")
+		return errors.New("TEST_DATABASE_URL is not set: run `make bench`, which starts a throwaway PostgreSQL")
 	}
 	variants := []variant{
 		{name: "baseline: one row at a time (batch 1, concurrency 1)", batch: 1, concurrency: 1},
@@ -92,7 +93,7 @@ func median(xs []float64) float64 {
 // measure seeds rows outbox rows on fresh databases, runs the sender until
 // every row is delivered, and returns rows per second.
 func measure(ctx context.Context, server string, v variant, rows int, tag string) (float64, error) {
-	quiet := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	quiet := slog.New(slog.DiscardHandler)
 	studentPool, dropStudent, err := freshDB(ctx, server, "bench_student_"+tag, migrations.Student)
 	if err != nil {
 		return 0, err

@@ -42,8 +42,8 @@ func FindBinDir() (string, error) {
 		// /usr/local/bin does here), and the real directory is the one
 		// that certainly has the matching pg_ctl and postgres.
 		candidates := []string{}
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			candidates = append(candidates, filepath.Dir(real))
+		if resolved, err := filepath.EvalSymlinks(p); err == nil {
+			candidates = append(candidates, filepath.Dir(resolved))
 		}
 		candidates = append(candidates, filepath.Dir(p))
 		for _, dir := range candidates {
@@ -88,7 +88,7 @@ func hasServerBinaries(dir string) bool {
 // anything else that happens to live under /usr/lib/postgresql.
 func parseVersion(s string) ([]int, bool) {
 	var v []int
-	for _, part := range strings.Split(s, ".") {
+	for part := range strings.SplitSeq(s, ".") {
 		n, err := strconv.Atoi(part)
 		if err != nil || n < 0 {
 			return nil, false
@@ -618,13 +618,7 @@ func procStat(b []byte) (state string, ppid int, ok bool) {
 func waitGone(pids []int, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for {
-		gone := true
-		for _, p := range pids {
-			if alive(p) {
-				gone = false
-				break
-			}
-		}
+		gone := !slices.ContainsFunc(pids, alive)
 		if gone {
 			return true
 		}

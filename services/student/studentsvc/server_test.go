@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -34,7 +33,7 @@ type env struct {
 func newEnv(t *testing.T) env {
 	t.Helper()
 	pool := pgtest.Pool(t, migrations.Student)
-	s := NewServer(slog.New(slog.NewJSONHandler(io.Discard, nil)), pool, Config{KeyWait: 5 * time.Second})
+	s := NewServer(slog.New(slog.DiscardHandler), pool, Config{KeyWait: 5 * time.Second})
 	ts := httptest.NewServer(s.Routes())
 	t.Cleanup(ts.Close)
 	return env{url: ts.URL, pool: pool}
@@ -148,7 +147,7 @@ func TestCreateStudentRejectsBadInputAndWritesNothing(t *testing.T) {
 func TestDocumentNumberWaitWithoutKey(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
-	s := NewServer(slog.New(slog.NewJSONHandler(io.Discard, nil)), pool, Config{KeyWait: 200 * time.Millisecond})
+	s := NewServer(slog.New(slog.DiscardHandler), pool, Config{KeyWait: 200 * time.Millisecond})
 	ts := httptest.NewServer(s.Routes())
 	t.Cleanup(ts.Close)
 	ctx := context.Background()

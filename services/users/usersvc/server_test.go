@@ -3,7 +3,6 @@ package usersvc
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -35,7 +34,7 @@ func newEnv(t *testing.T, cfg Config) env {
 	if cfg.KeyWait == 0 {
 		cfg.KeyWait = 5 * time.Second
 	}
-	s := NewServer(slog.New(slog.NewJSONHandler(io.Discard, nil)), pool, cfg)
+	s := NewServer(slog.New(slog.DiscardHandler), pool, cfg)
 	ts := httptest.NewServer(s.Routes())
 	t.Cleanup(ts.Close)
 	return env{url: ts.URL, pool: pool, srv: s}
