@@ -123,6 +123,7 @@ var checks = []check{
 	{"healthchecks", checkHealthchecks},
 	{"depends_on conditions", checkDependsOnConditions},
 	{"inbox outlasts sender retries", checkRetention},
+	{"users answers before the sender gives up", checkWaitsNest},
 }
 
 func TestCompose(t *testing.T) {
@@ -176,6 +177,7 @@ services:
       USERS_DATABASE_URL: postgres://postgres:pw@users-db:5432/users
       USERS_HTTP_ADDR: ":9091"
       USERS_INBOX_RETENTION: 24h
+      USERS_IDEMPOTENCY_WAIT: 3s
     ports: ["9091:9091"]
     healthcheck:
       test: curl -f http://localhost:9091/readyz
@@ -186,6 +188,7 @@ services:
       SENDER_DATABASE_URL: postgres://postgres:pw@users-db:5432/users
       SENDER_USERS_URL: http://users:8081
       SENDER_MAX_AGE: 48h
+      SENDER_REQUEST_TIMEOUT: 2s
     depends_on:
       users:
         condition: service_started
@@ -236,6 +239,10 @@ services:
 		},
 		"inbox outlasts sender retries": {
 			`USERS_INBOX_RETENTION=24h0m0s ("users") must be longer than SENDER_MAX_AGE=48h0m0s ("outbox-sender")`,
+		},
+		"users answers before the sender gives up": {
+			`USERS_IDEMPOTENCY_WAIT=3s ("users") must be shorter than SENDER_REQUEST_TIMEOUT=2s ("outbox-sender")`,
+			`USERS_DATABASE_TIMEOUT=4s ("users") must be shorter than SENDER_REQUEST_TIMEOUT=2s ("outbox-sender")`,
 		},
 	}
 	require.Len(t, want, len(checks), "every check needs a mistake to catch")
@@ -752,6 +759,39 @@ func checkRetention(d *deployment) []string {
 			if uc.InboxRetention <= sc.MaxAge {
 				problems = append(problems, fmt.Sprintf("USERS_INBOX_RETENTION=%s (%q) must be longer than SENDER_MAX_AGE=%s (%q): a retry after Users forgot its key would create a second user",
 					uc.InboxRetention, u.Name, sc.MaxAge, s.Name))
+			}
+		}
+	}
+	return problems
+}
+
+// checkWaitsNest ties Users' waits to the sender's. A delivery waits at most
+// SENDER_REQUEST_TIMEOUT for Users' answer. Users may wait
+// USERS_IDEMPOTENCY_WAIT for a key another request holds, then answers 409
+// with Retry-After, and ends any request by USERS_DATABASE_TIMEOUT, then
+// answers 503. Both must come first: a sender that gives up before Users
+// answers never sees the 409 or the Retry-After, and records a timeout for a
+// request Users was still working on. Each binary checks its own waits at
+// start; only the deployment sees both.
+func checkWaitsNest(d *deployment) []string {
+	var problems []string
+	for _, u := range d.goServices() {
+		if name, _, _ := binaryOf(u); name != "users" || isMigration(u) {
+			continue
+		}
+		uc, _, _ := usersvc.LoadConfig(getenvOf(u.Environment))
+		for _, s := range d.goServices() {
+			if name, _, _ := binaryOf(s); name != "outbox-sender" {
+				continue
+			}
+			sc, _, _ := sender.LoadConfig(getenvOf(s.Environment))
+			if uc.KeyWait >= sc.RequestTimeout {
+				problems = append(problems, fmt.Sprintf("USERS_IDEMPOTENCY_WAIT=%s (%q) must be shorter than SENDER_REQUEST_TIMEOUT=%s (%q): the sender would give up before Users answers 409 with Retry-After",
+					uc.KeyWait, u.Name, sc.RequestTimeout, s.Name))
+			}
+			if uc.DatabaseTimeout >= sc.RequestTimeout {
+				problems = append(problems, fmt.Sprintf("USERS_DATABASE_TIMEOUT=%s (%q) must be shorter than SENDER_REQUEST_TIMEOUT=%s (%q): the sender would give up before Users answers 503 with Retry-After",
+					uc.DatabaseTimeout, u.Name, sc.RequestTimeout, s.Name))
 			}
 		}
 	}

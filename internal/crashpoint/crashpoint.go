@@ -1,8 +1,8 @@
 // Package crashpoint lets the end-to-end suite kill a process at an exact
-// step, such as after Users commits but before it answers. It is compiled in
-// only with the build tag "crashpoints", which the suite uses; the shipped
-// binaries are built without it, and there Hit does nothing and CRASH_POINT
-// means nothing.
+// step, such as after Users commits but before it answers, or hold it there
+// for a moment. It is compiled in only with the build tag "crashpoints",
+// which the suite uses; the shipped binaries are built without it, and there
+// Hit and Pause do nothing and CRASH_POINT and PAUSE_POINT mean nothing.
 package crashpoint
 
 // The crash points, by the step after which the process dies.
@@ -15,6 +15,28 @@ const (
 	SenderAfterResponse = "sender-after-response"
 )
 
+// The pause points, by the step at which the process holds still. The
+// suite freezes the network to the database while a process is held there,
+// so that a connection is caught in exactly that state.
+const (
+	// SenderInRecord: inside the sender's recording transaction, after its
+	// statements and before the commit. The transaction holds row locks on
+	// the batch's outbox rows and students.
+	SenderInRecord = "sender-in-record"
+	// SenderBeforeClaim: just before the claim statement is sent.
+	SenderBeforeClaim = "sender-before-claim"
+	// UsersInInboxTx: inside Users' inbox transaction, after the key is
+	// claimed and the user inserted, before the answer is stored and the
+	// transaction commits. It holds the key's row lock.
+	UsersInInboxTx = "users-in-inbox-tx"
+)
+
 // Hit kills the process if name is the crash point CRASH_POINT names and
 // this is the hit it names; see on.go.
 func Hit(name string) { hit(name) }
+
+// Pause holds the calling goroutine still for a moment (PAUSE_FOR, 2s by
+// default) if name is the pause point PAUSE_POINT names and this is the hit
+// it names, after printing "pausepoint: NAME reached" to stderr. It pauses
+// once per process; see on.go.
+func Pause(name string) { pause(name) }

@@ -6,3 +6,5 @@ package crashpoint
 const Compiled = false
 
 func hit(string) {}
+
+func pause(string) {}

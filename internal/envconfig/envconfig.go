@@ -97,8 +97,10 @@ func (r *Reader) url(name, def string, schemes []string) (string, bool) {
 // DatabaseURL returns the variable, which must be a PostgreSQL connection
 // URL that pgx accepts. The value is never echoed: it may hold a password.
 func (r *Reader) DatabaseURL(name, def string) string {
-	v, ok := r.url(name, def, []string{"postgres", "postgresql"})
-	if !ok {
+	v := r.String(name, def)
+	u, err := url.Parse(v)
+	if err != nil || u.Host == "" && u.Path == "" || u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		r.errs = append(r.errs, fmt.Errorf("%s: want a postgres:// URL (the value is not shown: it may hold a password)", name))
 		return v
 	}
 	if _, err := pgconn.ParseConfig(v); err != nil {

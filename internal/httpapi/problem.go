@@ -39,13 +39,15 @@ type FieldError struct {
 }
 
 // Problem is an error a client can act on. Its fields are the RFC 9457
-// members plus "errors", an extension listing the fields at fault.
+// members plus two extensions: "errors", listing the fields at fault, and
+// "dependencies", the state of each dependency /readyz checks.
 type Problem struct {
-	Type   string       `json:"type"`
-	Title  string       `json:"title"`
-	Status int          `json:"status"`
-	Detail string       `json:"detail,omitempty"`
-	Errors []FieldError `json:"errors,omitempty"`
+	Type         string            `json:"type"`
+	Title        string            `json:"title"`
+	Status       int               `json:"status"`
+	Detail       string            `json:"detail,omitempty"`
+	Errors       []FieldError      `json:"errors,omitempty"`
+	Dependencies map[string]string `json:"dependencies,omitempty"`
 
 	// RetryAfter, when set, is sent as the Retry-After header.
 	RetryAfter time.Duration `json:"-"`
@@ -91,10 +93,11 @@ func NotFound(what string) *Problem {
 	return &Problem{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: what + " does not exist"}
 }
 
-// Unavailable is a 503: a dependency the answer needs is down.
+// Unavailable is a 503 with Retry-After: a dependency the answer needs is
+// down.
 func Unavailable(detail string, cause error) *Problem {
 	return &Problem{Type: TypeUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-		Detail: detail, Cause: cause}
+		Detail: detail, Cause: cause, RetryAfter: time.Second}
 }
 
 // Body renders the problem as JSON. Characters such as & and < are sent as

@@ -6,15 +6,16 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/person"
 )
 
 // Render is the one place an error becomes an HTTP answer. A *Problem is
 // sent as it is; the domain's own errors (a person that fails validation, an
-// idempotency key reused or in use) become their problems; anything else is
-// a bare 500, because internal errors may carry SQL, hostnames or data a
-// client must not see.
+// idempotency key reused or in use, a database that is down or too slow)
+// become their problems; anything else is a bare 500, because internal
+// errors may carry SQL, hostnames or data a client must not see.
 //
 // Render does not log. It hands the error to the request's log line (see
 // LogRequests), so each failure is logged exactly once, with its request.
@@ -60,6 +61,13 @@ func asProblem(err error) *Problem {
 		return &Problem{
 			Type: TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict,
 			Detail:     "another request with this Idempotency-Key is still being processed; retry later",
+			RetryAfter: time.Second,
+		}
+	case errors.Is(err, database.ErrUnavailable):
+		// The cause (which may name hosts, ports or SQL) stays in the log.
+		return &Problem{
+			Type: TypeUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
+			Detail:     "the database is unavailable or did not answer in time; retry later",
 			RetryAfter: time.Second,
 		}
 	case errors.Is(err, inbox.ErrConflictInProgress):

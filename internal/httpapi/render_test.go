@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/person"
 )
@@ -60,6 +62,49 @@ func TestRenderPanicIsA500LoggedOnce(t *testing.T) {
 	require.NotContains(t, w.Body.String(), "boom")
 	require.Len(t, logs, 1, "%v", logs)
 	require.Contains(t, logs[0], "panic: boom")
+}
+
+// TestRenderDatabaseUnavailable: a database that is down or too slow is a
+// 503 the caller may retry, saying no more than that; the request's one log
+// line keeps the cause.
+func TestRenderDatabaseUnavailable(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("failed to connect to `user=app database=users`: 10.0.0.7:5432: connection refused")
+	w, logs := serve(t, func() error {
+		return database.Classify(fmt.Errorf("get user: %w",
+			&pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"}))
+	})
+	require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	require.Equal(t, "1", w.Header().Get("Retry-After"))
+	require.JSONEq(t, `{"type":"/problems/unavailable","title":"Service unavailable","status":503,
+		"detail":"the database is unavailable or did not answer in time; retry later"}`, w.Body.String())
+	require.Len(t, logs, 1)
+	require.Contains(t, logs[0], `"status":503`)
+	require.Contains(t, logs[0], "database unavailable: get user: FATAL: terminating connection due to administrator command (SQLSTATE 57P01)")
+
+	w, logs = serve(t, func() error { return fmt.Errorf("%w: %w", database.ErrUnavailable, cause) })
+	require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	require.NotContains(t, w.Body.String(), "10.0.0.7")
+	require.Contains(t, logs[0], "10.0.0.7:5432: connection refused")
+}
+
+// TestReadyzNamesTheDependency: when the database does not answer, /readyz
+// says so in its body, so that whoever reads it knows where to look.
+func TestReadyzNamesTheDependency(t *testing.T) {
+	t.Parallel()
+	r := NewRouter(slog.New(slog.DiscardHandler), func(context.Context) error { return errors.New("dial tcp 10.0.0.7:5432: refused") })
+	w := httptest.NewRecorder()
+	r.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	require.Equal(t, "1", w.Header().Get("Retry-After"))
+	require.JSONEq(t, `{"type":"/problems/unavailable","title":"Service unavailable","status":503,
+		"detail":"database: not reachable","dependencies":{"database":"down"}}`, w.Body.String())
+
+	r = NewRouter(slog.New(slog.DiscardHandler), func(context.Context) error { return nil })
+	w = httptest.NewRecorder()
+	r.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	require.Equal(t, http.StatusOK, w.Code)
+	require.JSONEq(t, `{"status":"ready"}`, w.Body.String())
 }
 
 func TestRenderUnavailableLogsItsCause(t *testing.T) {

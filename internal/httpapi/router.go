@@ -1,13 +1,13 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -46,13 +46,17 @@ func healthz(w http.ResponseWriter, _ *http.Request) error {
 	return WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// readyz answers 200 when ping succeeds within two seconds, 503 otherwise.
+// readyz answers 200 when ping (the database, the one dependency) succeeds
+// within two seconds, and otherwise a 503 naming the dependency that is
+// down, so that whoever reads it knows where to look; the cause is logged.
 func readyz(ping func(context.Context) error) HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := ping(ctx); err != nil {
-			return Unavailable("the database is not reachable", fmt.Errorf("ping database: %w", err))
+			p := Unavailable("database: not reachable", fmt.Errorf("ping database: %w", err))
+			p.Dependencies = map[string]string{"database": "down"}
+			return p
 		}
 		return WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	}
@@ -72,13 +76,11 @@ func WriteJSON(w http.ResponseWriter, status int, v any) error {
 }
 
 func jsonBody(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
+	b, err := json.Marshal(v)
+	if err != nil {
 		return nil, fmt.Errorf("encode answer: %w", err)
 	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+	return b, nil
 }
 
 // recoverPanics answers a panicking handler with a 500 problem and hands the
@@ -94,7 +96,7 @@ func recoverPanics(next http.Handler) http.Handler {
 			if err, ok := v.(error); ok && errors.Is(err, http.ErrAbortHandler) {
 				panic(v)
 			}
-			Render(w, r, fmt.Errorf("panic: %v", v))
+			Render(w, r, fmt.Errorf("panic: %v\n%s", v, debug.Stack()))
 		}()
 		next.ServeHTTP(w, r)
 	})

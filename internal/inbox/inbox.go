@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox/inboxdb"
 )
 
@@ -110,14 +111,19 @@ type Inbox struct {
 	q    *inboxdb.Queries
 
 	// LockTimeout bounds how long a request waits for a concurrent request
-	// with the same key to finish; past it the caller gets 409 and
-	// Retry-After.
+	// with the same key (ErrKeyInProgress past it) or a conflicting lock
+	// (ErrConflictInProgress) to be released.
 	LockTimeout time.Duration
+	// Timeout is the deadline of each transaction, and of each batch of a
+	// purge (database.DefaultTimeout when not positive). It must be longer
+	// than LockTimeout, or a wait for a key would end as "database
+	// unavailable" instead of "key in progress".
+	Timeout time.Duration
 }
 
 // New returns an Inbox on pool's database, which must have the inbox table.
 func New(pool *pgxpool.Pool) *Inbox {
-	return &Inbox{pool: pool, q: inboxdb.New(), LockTimeout: 5 * time.Second}
+	return &Inbox{pool: pool, q: inboxdb.New(), LockTimeout: 5 * time.Second, Timeout: 10 * time.Second}
 }
 
 // Do runs op once for key. The first request for a key claims it, runs op
@@ -129,7 +135,7 @@ func New(pool *pgxpool.Pool) *Inbox {
 // unique index does the waiting) and then replays its outcome; if the wait
 // exceeds LockTimeout the error is ErrKeyInProgress.
 func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Outcome, replayed bool, err error) {
-	err = ib.tx(ctx, func(tx pgx.Tx) error {
+	err = ib.tx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := ib.q.ClaimKey(ctx, tx, inboxdb.ClaimKeyParams{
 			IdempotencyKey: key, RequestHash: req.Fingerprint(), Request: req.canonical(),
 		})
@@ -162,29 +168,35 @@ func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Ou
 // Once runs op in a transaction without a key: each call is a new
 // operation. Lock waits are bounded as in Do.
 func (ib *Inbox) Once(ctx context.Context, op Op) (out Outcome, err error) {
-	err = ib.tx(ctx, func(tx pgx.Tx) error {
+	err = ib.tx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		out, err = op(ctx, tx)
 		return err
 	})
 	return out, err
 }
 
-// tx runs fn in a transaction whose lock waits end after LockTimeout. A wait
-// that times out anywhere but on the key (another request inserting the
-// same document number, say) is ErrConflictInProgress: nothing is wrong
-// with the request, it just could not be decided in time.
-func (ib *Inbox) tx(ctx context.Context, fn func(pgx.Tx) error) error {
+// tx runs fn in a transaction that ends by Timeout, and whose lock waits
+// end after LockTimeout. A wait that times out anywhere but on the key
+// (another request inserting the same document number, say) is
+// ErrConflictInProgress: nothing is wrong with the request, it just could
+// not be decided in time. A database that is down or does not answer by the
+// deadline is database.ErrUnavailable.
+func (ib *Inbox) tx(ctx context.Context, fn func(context.Context, pgx.Tx) error) error {
+	// fn gets the bounded ctx, so the deadline covers every statement of the
+	// transaction, not only BEGIN and COMMIT.
+	ctx, cancel := database.WithDeadline(ctx, ib.Timeout)
+	defer cancel()
 	err := pgx.BeginFunc(ctx, ib.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
 			fmt.Sprintf("%dms", ib.LockTimeout.Milliseconds())); err != nil {
 			return fmt.Errorf("set lock timeout: %w", err)
 		}
-		return fn(tx)
+		return fn(ctx, tx)
 	})
 	if isLockTimeout(err) {
 		return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
 	}
-	return err
+	return database.Classify(err)
 }
 
 func isLockTimeout(err error) bool {
@@ -220,15 +232,22 @@ func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key string, req Request)
 func (ib *Inbox) Purge(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
 	var total int64
 	for {
-		n, err := ib.q.PurgeOlderThan(ctx, ib.pool, inboxdb.PurgeOlderThanParams{Retention: retention, BatchSize: batch})
+		n, err := ib.purgeBatch(ctx, retention, batch)
 		total += n
 		if err != nil {
-			return total, fmt.Errorf("purge inbox: %w", err)
+			return total, fmt.Errorf("purge inbox: %w", database.Classify(err))
 		}
 		if n < int64(batch) {
 			return total, nil
 		}
 	}
+}
+
+// purgeBatch deletes one batch, bounded by Timeout like any transaction.
+func (ib *Inbox) purgeBatch(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
+	ctx, cancel := database.WithDeadline(ctx, ib.Timeout)
+	defer cancel()
+	return ib.q.PurgeOlderThan(ctx, ib.pool, inboxdb.PurgeOlderThanParams{Retention: retention, BatchSize: batch})
 }
 
 // PurgeLoop purges rows older than retention every interval until ctx ends.

@@ -45,13 +45,11 @@ type FieldError struct {
 type InvalidError struct{ Fields []FieldError }
 
 func (e *InvalidError) Error() string {
-	msg := "invalid person:"
-	var msgSb49 strings.Builder
-	for _, f := range e.Fields {
-		msgSb49.WriteString(" " + f.Field + " " + f.Detail + ";")
+	parts := make([]string, len(e.Fields))
+	for i, f := range e.Fields {
+		parts[i] = f.Field + " " + f.Detail
 	}
-	msg += msgSb49.String()
-	return strings.TrimSuffix(msg, ";")
+	return "invalid person: " + strings.Join(parts, "; ")
 }
 
 // Validate trims the fields and checks them. Every field at fault is named

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/httpapi"
 )
 
@@ -30,14 +31,24 @@ type Binary struct {
 	Migrations  migrations.Set // "" when the binary has no "migrate" subcommand
 	DatabaseURL string
 	MaxConns    int32 // the pool's size; 0 for pgx's default
-	LogLevel    string
+	// DatabaseTimeout is the server's statement_timeout on every connection
+	// the binary serves with (see internal/database); "migrate" runs without
+	// one, since a migration may legitimately take minutes.
+	DatabaseTimeout time.Duration
+	LogLevel        string
 	// HealthAddr is the listen address whose /readyz the "healthcheck"
 	// subcommand asks. The container image has no shell and no curl, so
 	// the binary checks itself.
 	HealthAddr string
 	// Start builds the parts that run until the context ends.
 	Start func(log *slog.Logger, pool *pgxpool.Pool) []Part
+	// Commands are the binary's own subcommands, by name: each runs once on
+	// the database, with the arguments after its name, and returns.
+	Commands map[string]Command
 }
+
+// Command is a subcommand: it gets the pool and its own arguments.
+type Command func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error
 
 // Part is one thing a process runs until its context ends. Run must return
 // soon after ctx ends; a part that returns earlier stops the process.
@@ -61,8 +72,13 @@ func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error 
 	if b.Migrations != "" {
 		commands = append(commands, "migrate")
 	}
+	command, ok := b.Commands[firstOf(args)]
+	for name := range b.Commands {
+		commands = append(commands, name)
+	}
+	slices.Sort(commands)
 	switch {
-	case len(args) == 0:
+	case len(args) == 0, ok:
 	case len(args) == 1 && slices.Contains(commands, args[0]):
 	default:
 		return fmt.Errorf("unknown arguments %q: want none, or one of %s", args, strings.Join(commands, ", "))
@@ -76,20 +92,21 @@ func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error 
 		return err
 	}
 	log = log.With(slog.String("service", b.Name))
-	poolCfg, err := pgxpool.ParseConfig(b.DatabaseURL)
-	if err != nil {
-		return errors.New("parse database URL: malformed") // the URL may hold a password: never echo it
+	migrate := !ok && len(args) == 1 && args[0] == "migrate"
+	limits := database.Limits{MaxConns: b.MaxConns, StatementTimeout: b.DatabaseTimeout}
+	if migrate {
+		limits.StatementTimeout = 0
 	}
-	if b.MaxConns > 0 {
-		poolCfg.MaxConns = b.MaxConns
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	pool, err := database.Open(ctx, b.DatabaseURL, limits) // its errors never echo the URL, which may hold a password
 	if err != nil {
-		return fmt.Errorf("connect to database: %w", err)
+		return err
 	}
 	defer pool.Close()
 
-	if len(args) == 1 { // migrate
+	if ok {
+		return command(ctx, pool, args[1:], stdout)
+	}
+	if migrate {
 		if err := migrations.Up(ctx, pool, b.Migrations); err != nil {
 			return err
 		}
@@ -99,10 +116,19 @@ func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error 
 	return runParts(ctx, b.Start(log, pool))
 }
 
+func firstOf(args []string) string {
+	if len(args) == 0 {
+		return ""
+	}
+	return args[0]
+}
+
 // runParts runs every part until ctx ends or one of them returns, then
-// stops the others and waits for them.
+// stops the others and waits for them. A part that returns before ctx ends,
+// even without an error, is a failure: the process would otherwise go on
+// without it.
 func runParts(ctx context.Context, parts []Part) error {
-	ctx, cancel := context.WithCancel(ctx)
+	partsCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		wg   sync.WaitGroup
@@ -112,7 +138,11 @@ func runParts(ctx context.Context, parts []Part) error {
 	for _, p := range parts {
 		wg.Go(func() {
 			defer cancel() // one part stopping stops the process
-			if err := p.Run(ctx); err != nil {
+			err := p.Run(partsCtx)
+			if err == nil && partsCtx.Err() == nil {
+				err = errors.New("stopped on its own")
+			}
+			if err != nil {
 				mu.Lock()
 				errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
 				mu.Unlock()

@@ -40,6 +40,7 @@ type Problem struct {
 		Field  string `json:"field"`
 		Detail string `json:"detail"`
 	} `json:"errors"`
+	Dependencies map[string]string `json:"dependencies"`
 }
 
 // Fields lists the fields the problem names.
@@ -83,6 +84,9 @@ func Do(t testing.TB, method, url, body string, headers ...string) Response {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
+		if http.CanonicalHeaderKey(headers[i]) == "Content-Type" {
+			req.Header.Del("Content-Type") // the caller's replaces the default
+		}
 		req.Header.Add(headers[i], headers[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)

@@ -1,4 +1,4 @@
-// Command benchsender measures the outbox sender's end-to-end throughput:
+// Command bench measures the outbox sender's end-to-end throughput:
 // rows claimed, delivered to an in-process Users on its own database, and
 // recorded on their students. It runs the sender as configured by default
 // side by side with its baseline, a one-row-at-a-time relay (batch 1,
@@ -34,7 +34,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "benchsender:", err)
+		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }

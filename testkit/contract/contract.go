@@ -5,11 +5,14 @@
 package contract
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/internal/httpapi"
@@ -25,6 +28,10 @@ type Target struct {
 	// Created counts what the endpoint has created so far; it should also
 	// check that everything created with it (an outbox row) is there.
 	Created func(t *testing.T) int
+	// DB is the service's database, where the suite holds a key in an open
+	// transaction, as a concurrent request would. The service must be
+	// configured with a short idempotency wait (a second or less).
+	DB *pgxpool.Pool
 }
 
 // Body is a person's JSON body.
@@ -42,6 +49,8 @@ type step struct {
 	fields    []string
 	created   int // what exists after the step
 	sameAs    string
+	// contentType replaces application/json when set.
+	contentType string
 }
 
 // Run walks the contract row by row, in order, against one fresh database:
@@ -61,6 +70,8 @@ func Run(t *testing.T, tg Target) {
 		{situation: "key longer than 255", keys: key(strings.Repeat("k", 256)), body: ada, status: 400, problem: validation, fields: keyField},
 		{situation: "key sent twice", keys: []string{"k1", "k2"}, body: ada, status: 400, problem: validation, fields: keyField},
 		{situation: "invalid body", keys: key("k1"), body: `{"name":"Ada"}`, status: 400, problem: validation, fields: []string{"email", "document_number"}},
+		{situation: "body over 16 KiB", keys: key("k1"), body: Body(strings.Repeat("a", 17<<10), "a@b.co", "111-1"), status: 400, problem: validation, fields: []string{"body"}},
+		{situation: "not JSON", keys: key("k1"), body: ada, contentType: "text/plain", status: 415, problem: httpapi.TypeUnsupportedMediaType},
 		{situation: "new key (bare)", keys: key("k1"), body: ada, status: 201, created: 1},
 		{situation: "same key (quoted), same body", keys: key(`"k1"`), body: ada, status: 201, replayed: true, created: 1, sameAs: "k1"},
 		{situation: "same key, different body", keys: key("k1"), body: adaOtherEmail, status: 422, problem: mismatch, fields: []string{"email"}, created: 1},
@@ -83,6 +94,9 @@ func Run(t *testing.T, tg Target) {
 		for _, k := range s.keys {
 			headers = append(headers, httpapi.KeyHeader, k)
 		}
+		if s.contentType != "" {
+			headers = append(headers, "Content-Type", s.contentType)
+		}
 		res := apitest.Do(t, http.MethodPost, tg.URL, s.body, headers...)
 		require.Equal(t, s.status, res.Status, "%s: %s", s.situation, res.Body)
 		require.Equal(t, s.replayed, res.Header.Get(httpapi.ReplayedHeader) == "true", s.situation)
@@ -99,4 +113,25 @@ func Run(t *testing.T, tg Target) {
 		}
 		require.Equal(t, s.created, tg.Created(t), s.situation)
 	}
+	keyInProgress(t, tg, steps[len(steps)-1].created)
+}
+
+// keyInProgress: a request whose key another request holds in an open
+// transaction waits, then gets 409 with Retry-After; the key is not
+// consumed and nothing is created.
+func keyInProgress(t *testing.T, tg Target, created int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tx, err := tg.DB.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('held', '\\x00', '{}')")
+	require.NoError(t, err)
+
+	res := apitest.Do(t, http.MethodPost, tg.URL, Body("Dee", "dee@example.com", "444-4"), httpapi.KeyHeader, "held")
+	require.Equal(t, http.StatusConflict, res.Status, "key in progress: %s", res.Body)
+	require.Equal(t, httpapi.TypeIdempotencyBusy, res.Problem(t).Type)
+	require.Equal(t, "1", res.Header.Get("Retry-After"))
+	require.Equal(t, created, tg.Created(t), "key in progress")
 }

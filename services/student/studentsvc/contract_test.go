@@ -2,6 +2,7 @@ package studentsvc
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -12,9 +13,9 @@ import (
 // /students: every student created comes with its outbox row.
 func TestIdempotencyContract(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnvWith(t, Config{KeyWait: 300 * time.Millisecond, DatabaseTimeout: 10 * time.Second})
 	contract.Run(t, contract.Target{
-		URL: e.url + "/students",
+		URL: e.url + "/students", DB: e.pool,
 		Created: func(t *testing.T) int {
 			students := e.count(t, "students")
 			require.Equal(t, students, e.count(t, "outbox"), "one outbox row per student")

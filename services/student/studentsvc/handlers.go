@@ -18,7 +18,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/inbox"
@@ -36,11 +35,6 @@ const (
 type Server struct {
 	log   *slog.Logger
 	store *store.Store
-}
-
-// NewServer returns a Server on pool's database.
-func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
-	return &Server{log: log, store: store.New(pool, cfg.KeyWait)}
 }
 
 // Routes returns every route Student serves.
@@ -70,6 +64,10 @@ type Provisioning struct {
 	State     string  `json:"state"`
 	Attempts  int     `json:"attempts"`
 	LastError *string `json:"last_error"`
+	// Redrives counts how often an operator brought the failed operation
+	// back (the sender's admin port has the whole history).
+	Redrives   int        `json:"redrives"`
+	RedrivenAt *time.Time `json:"redriven_at"`
 }
 
 // Provisioning states.
@@ -180,14 +178,17 @@ func (s *Server) listStudents(w http.ResponseWriter, r *http.Request) error {
 func representation(st store.Student) Student {
 	out := Student{
 		ID: st.ID, Name: st.Name, Email: st.Email, DocumentNumber: st.DocumentNumber,
-		CreatedAt:    st.CreatedAt.UTC(),
-		Provisioning: Provisioning{State: StatePending, Attempts: st.Attempts, LastError: st.LastError},
+		CreatedAt: st.CreatedAt.UTC(),
+		Provisioning: Provisioning{
+			State: StatePending, Attempts: st.Attempts, LastError: st.LastError,
+			Redrives: st.Redrives, RedrivenAt: st.RedrivenAt,
+		},
 	}
 	switch {
 	case st.UserID.Valid:
 		out.UserID = &st.UserID.UUID
 		out.Provisioning.State = StateLinked
-	case st.OutboxState == "dead":
+	case st.OutboxState == store.OutboxDead:
 		out.Provisioning.State = StateFailed
 	}
 	return out

@@ -32,8 +32,13 @@ type env struct {
 
 func newEnv(t *testing.T) env {
 	t.Helper()
+	return newEnvWith(t, Config{KeyWait: 5 * time.Second, DatabaseTimeout: 10 * time.Second})
+}
+
+func newEnvWith(t *testing.T, cfg Config) env {
+	t.Helper()
 	pool := pgtest.Pool(t, migrations.Student)
-	s := NewServer(slog.New(slog.DiscardHandler), pool, Config{KeyWait: 5 * time.Second})
+	s := NewServer(slog.New(slog.DiscardHandler), pool, cfg)
 	ts := httptest.NewServer(s.Routes())
 	t.Cleanup(ts.Close)
 	return env{url: ts.URL, pool: pool}
@@ -147,7 +152,7 @@ func TestCreateStudentRejectsBadInputAndWritesNothing(t *testing.T) {
 func TestDocumentNumberWaitWithoutKey(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
-	s := NewServer(slog.New(slog.DiscardHandler), pool, Config{KeyWait: 200 * time.Millisecond})
+	s := NewServer(slog.New(slog.DiscardHandler), pool, Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: 10 * time.Second})
 	ts := httptest.NewServer(s.Routes())
 	t.Cleanup(ts.Close)
 	ctx := context.Background()

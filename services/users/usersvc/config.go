@@ -14,6 +14,9 @@ type Config struct {
 	InboxRetention time.Duration // USERS_INBOX_RETENTION
 	PurgeInterval  time.Duration // USERS_INBOX_PURGE_INTERVAL
 	KeyWait        time.Duration // USERS_IDEMPOTENCY_WAIT
+	// DatabaseTimeout is the deadline of every transaction and read, and
+	// the server's statement_timeout on Users' connections.
+	DatabaseTimeout time.Duration // USERS_DATABASE_TIMEOUT
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
@@ -26,7 +29,17 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		LogLevel:       e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		InboxRetention: e.Duration("USERS_INBOX_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		PurgeInterval:  e.Duration("USERS_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
-		KeyWait:        e.Duration("USERS_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, 20*time.Second),
+		// The wait is shorter than the sender's SENDER_REQUEST_TIMEOUT (5s),
+		// so that the sender gets the 409 and its Retry-After instead of
+		// giving up first (the compose test checks the pair).
+		KeyWait:         e.Duration("USERS_IDEMPOTENCY_WAIT", 2*time.Second, 10*time.Millisecond, 20*time.Second),
+		DatabaseTimeout: e.Duration("USERS_DATABASE_TIMEOUT", 4*time.Second, 100*time.Millisecond, 10*time.Minute),
 	}
+	// The wait for a key happens inside the transaction: a deadline no
+	// longer than the wait would end it as "database unavailable" (503)
+	// before it could end as "key in progress" (409).
+	e.Check(c.KeyWait < c.DatabaseTimeout,
+		"USERS_IDEMPOTENCY_WAIT=%s must be shorter than USERS_DATABASE_TIMEOUT=%s: the wait for a key happens inside a transaction bounded by the timeout",
+		c.KeyWait, c.DatabaseTimeout)
 	return c, e, e.Err()
 }

@@ -2,6 +2,7 @@ package usersvc
 
 import (
 	"testing"
+	"time"
 
 	"github.com/outboxref/outboxref/testkit/contract"
 )
@@ -9,9 +10,9 @@ import (
 // TestIdempotencyContract is the README's contract table for POST /users.
 func TestIdempotencyContract(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, Config{})
+	e := newEnv(t, Config{KeyWait: 300 * time.Millisecond})
 	contract.Run(t, contract.Target{
-		URL: e.url + "/users", KeyRequired: true,
+		URL: e.url + "/users", KeyRequired: true, DB: e.pool,
 		Created: func(t *testing.T) int { return e.count(t, "users") },
 	})
 }

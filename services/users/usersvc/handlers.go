@@ -11,7 +11,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/httpapi"
@@ -24,11 +23,6 @@ import (
 type Server struct {
 	log   *slog.Logger
 	store *store.Store
-}
-
-// NewServer returns a Server on pool's database.
-func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
-	return &Server{log: log, store: store.New(pool, cfg.KeyWait)}
 }
 
 // Routes returns every route Users serves.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/service"
+	"github.com/outboxref/outboxref/services/users/internal/store"
 )
 
 // Run runs Users until ctx ends: the API, and the loop that purges expired
@@ -20,7 +21,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	return service.Binary{
 		Name: "users", Migrations: migrations.Users, DatabaseURL: cfg.DatabaseURL,
-		LogLevel: cfg.LogLevel, HealthAddr: cfg.HTTPAddr,
+		DatabaseTimeout: cfg.DatabaseTimeout, LogLevel: cfg.LogLevel, HealthAddr: cfg.HTTPAddr,
 		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			s := NewServer(log, pool, cfg)
 			purge := func(ctx context.Context) error {
@@ -33,4 +34,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			}
 		},
 	}.Run(ctx, args, stdout)
+}
+
+// NewServer returns a Server on pool's database. The handlers see only the
+// store built here, never the pool.
+func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
+	return &Server{log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout)}
 }

@@ -26,6 +26,13 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	err = Run(context.Background(), nil, apitest.Env("USERS_DATABASE_URL", "postgres://app:hunter2@db:5432/x?sslmode=%zz"), &bytes.Buffer{})
 	require.ErrorContains(t, err, "USERS_DATABASE_URL")
 	require.NotContains(t, err.Error(), "hunter2")
+
+	// Waits nest: the wait for a key happens inside a transaction, so it
+	// must end before the transaction's deadline. One message names both.
+	err = Run(context.Background(), nil, apitest.Env("USERS_IDEMPOTENCY_WAIT", "5s"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "USERS_IDEMPOTENCY_WAIT=5s must be shorter than USERS_DATABASE_TIMEOUT=")
+	err = Run(context.Background(), nil, apitest.Env("USERS_DATABASE_TIMEOUT", "1s"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "must be shorter than USERS_DATABASE_TIMEOUT=1s")
 }
 
 // TestRunMigratesThenServes starts from an empty database, as a first

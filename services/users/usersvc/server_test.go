@@ -34,6 +34,9 @@ func newEnv(t *testing.T, cfg Config) env {
 	if cfg.KeyWait == 0 {
 		cfg.KeyWait = 5 * time.Second
 	}
+	if cfg.DatabaseTimeout == 0 {
+		cfg.DatabaseTimeout = 10 * time.Second
+	}
 	s := NewServer(slog.New(slog.DiscardHandler), pool, cfg)
 	ts := httptest.NewServer(s.Routes())
 	t.Cleanup(ts.Close)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/person"
 	"github.com/outboxref/outboxref/services/student/internal/studentdb"
@@ -22,6 +23,13 @@ import (
 
 // OperationCreateUser is the outbox operation that asks Users for a user.
 const OperationCreateUser = "create-user"
+
+// The states of an outbox row (see the outbox table's migration).
+const (
+	OutboxPending   = "pending"
+	OutboxDelivered = "delivered"
+	OutboxDead      = "dead"
+)
 
 var (
 	// ErrNotFound: no student has that id.
@@ -43,6 +51,8 @@ type Student struct {
 	OutboxState string
 	Attempts    int
 	LastError   *string
+	Redrives    int
+	RedrivenAt  *time.Time
 }
 
 // Position is where a page of students starts: after this (created_at, id).
@@ -53,34 +63,37 @@ type Position struct {
 
 // Store reads and writes Student's database.
 type Store struct {
-	pool *pgxpool.Pool
-	q    *studentdb.Queries
+	pool    *pgxpool.Pool
+	timeout time.Duration // the deadline of each read (the inbox bounds the writes)
+	q       *studentdb.Queries
 	// Inbox remembers the answers to clients' idempotency keys; its purge
 	// loop runs beside the server.
 	Inbox *inbox.Inbox
 }
 
 // New returns a Store on pool's database. keyWait bounds how long a request
-// waits for another one holding the same key or document number.
-func New(pool *pgxpool.Pool, keyWait time.Duration) *Store {
+// waits for another one holding the same key or document number; timeout is
+// the deadline of every transaction and read, and must be longer.
+func New(pool *pgxpool.Pool, keyWait, timeout time.Duration) *Store {
 	ib := inbox.New(pool)
 	ib.LockTimeout = keyWait
-	return &Store{pool: pool, q: studentdb.New(), Inbox: ib}
+	ib.Timeout = timeout
+	return &Store{pool: pool, timeout: timeout, q: studentdb.New(), Inbox: ib}
 }
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
-// Answer turns what creating a student produced (the student, or
+// AnswerFunc turns what creating a student produced (the student, or
 // ErrDocumentTaken) into the answer for the client, stored under the
 // client's key when it sent one.
-type Answer func(Student, error) (inbox.Outcome, error)
+type AnswerFunc func(Student, error) (inbox.Outcome, error)
 
 // CreateStudent writes the student and its create-user outbox row in one
 // transaction. With a client key (non-empty) it runs at most once per key,
 // and a repeat gets the stored answer with replayed set; without one, each
 // call is a new operation.
-func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, answer Answer) (out inbox.Outcome, replayed bool, err error) {
+func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
 	op := func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
 		st, err := s.insertStudent(ctx, tx, p)
 		if err != nil && !errors.Is(err, ErrDocumentTaken) {
@@ -121,29 +134,33 @@ func (s *Store) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person) (
 	}
 	return Student{
 		ID: st.ID, Name: st.Name, Email: st.Email, DocumentNumber: st.DocumentNumber,
-		CreatedAt: st.CreatedAt, OutboxState: "pending",
+		CreatedAt: st.CreatedAt, OutboxState: OutboxPending,
 	}, nil
 }
 
 // Student returns the student with id, or ErrNotFound.
 func (s *Store) Student(ctx context.Context, id uuid.UUID) (Student, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
 	row, err := s.q.GetStudent(ctx, s.pool, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Student{}, ErrNotFound
 	}
 	if err != nil {
-		return Student{}, fmt.Errorf("get student: %w", err)
+		return Student{}, database.Classify(fmt.Errorf("get student: %w", err))
 	}
 	return fromRow(studentdb.ListStudentsRow(row)), nil
 }
 
 // Students returns up to limit students after the position, oldest first.
 func (s *Store) Students(ctx context.Context, after Position, limit int) ([]Student, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
 	rows, err := s.q.ListStudents(ctx, s.pool, studentdb.ListStudentsParams{
 		AfterCreatedAt: after.CreatedAt, AfterID: after.ID, PageSize: int32(limit), //nolint:gosec // limit is at most MaxPageSize+1
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list students: %w", err)
+		return nil, database.Classify(fmt.Errorf("list students: %w", err))
 	}
 	out := make([]Student, len(rows))
 	for i, row := range rows {
@@ -160,6 +177,11 @@ func fromRow(row studentdb.ListStudentsRow) Student {
 	}
 	if row.LastError.Valid {
 		st.LastError = &row.LastError.String
+	}
+	st.Redrives = int(row.Redrives.Int32)
+	if row.RedrivenAt.Valid {
+		at := row.RedrivenAt.Time.UTC()
+		st.RedrivenAt = &at
 	}
 	return st
 }

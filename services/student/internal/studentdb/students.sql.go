@@ -15,7 +15,7 @@ import (
 
 const getStudent = `-- name: GetStudent :one
 SELECT s.id, s.name, s.email, s.document_number, s.user_id, s.created_at, s.updated_at,
-       o.state AS outbox_state, o.attempts, o.last_error
+       o.state AS outbox_state, o.attempts, o.last_error, o.redrives, o.redriven_at
 FROM students s
 LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'
 WHERE s.id = $1
@@ -32,6 +32,8 @@ type GetStudentRow struct {
 	OutboxState    pgtype.Text
 	Attempts       pgtype.Int4
 	LastError      pgtype.Text
+	Redrives       pgtype.Int4
+	RedrivenAt     pgtype.Timestamptz
 }
 
 func (q *Queries) GetStudent(ctx context.Context, db DBTX, id uuid.UUID) (GetStudentRow, error) {
@@ -48,6 +50,8 @@ func (q *Queries) GetStudent(ctx context.Context, db DBTX, id uuid.UUID) (GetStu
 		&i.OutboxState,
 		&i.Attempts,
 		&i.LastError,
+		&i.Redrives,
+		&i.RedrivenAt,
 	)
 	return i, err
 }
@@ -112,7 +116,7 @@ func (q *Queries) InsertStudent(ctx context.Context, db DBTX, arg InsertStudentP
 
 const listStudents = `-- name: ListStudents :many
 SELECT s.id, s.name, s.email, s.document_number, s.user_id, s.created_at, s.updated_at,
-       o.state AS outbox_state, o.attempts, o.last_error
+       o.state AS outbox_state, o.attempts, o.last_error, o.redrives, o.redriven_at
 FROM students s
 LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'
 WHERE (s.created_at, s.id) > ($1::timestamptz, $2::uuid)
@@ -137,6 +141,8 @@ type ListStudentsRow struct {
 	OutboxState    pgtype.Text
 	Attempts       pgtype.Int4
 	LastError      pgtype.Text
+	Redrives       pgtype.Int4
+	RedrivenAt     pgtype.Timestamptz
 }
 
 // Keyset pagination over (created_at, id): no repeats or gaps among the
@@ -164,6 +170,8 @@ func (q *Queries) ListStudents(ctx context.Context, db DBTX, arg ListStudentsPar
 			&i.OutboxState,
 			&i.Attempts,
 			&i.LastError,
+			&i.Redrives,
+			&i.RedrivenAt,
 		); err != nil {
 			return nil, err
 		}

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outboxref/internal/crashpoint"
+	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/person"
 	"github.com/outboxref/outboxref/services/users/internal/usersdb"
@@ -38,34 +40,38 @@ type User struct {
 
 // Store reads and writes Users' database.
 type Store struct {
-	pool *pgxpool.Pool
-	q    *usersdb.Queries
+	pool    *pgxpool.Pool
+	timeout time.Duration // the deadline of each read (the inbox bounds the writes)
+	q       *usersdb.Queries
 	// Inbox remembers each idempotency key's answer; its purge loop runs
 	// beside the server.
 	Inbox *inbox.Inbox
 }
 
 // New returns a Store on pool's database. keyWait bounds how long a request
-// waits for another one holding the same key or document number.
-func New(pool *pgxpool.Pool, keyWait time.Duration) *Store {
+// waits for another one holding the same key or document number; timeout is
+// the deadline of every transaction and read, and must be longer.
+func New(pool *pgxpool.Pool, keyWait, timeout time.Duration) *Store {
 	ib := inbox.New(pool)
 	ib.LockTimeout = keyWait
-	return &Store{pool: pool, q: usersdb.New(), Inbox: ib}
+	ib.Timeout = timeout
+	return &Store{pool: pool, timeout: timeout, q: usersdb.New(), Inbox: ib}
 }
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
-// Answer turns what creating a user produced (the user, or ErrDocumentTaken)
+// AnswerFunc turns what creating a user produced (the user, or ErrDocumentTaken)
 // into the answer stored under the operation's key.
-type Answer func(User, error) (inbox.Outcome, error)
+type AnswerFunc func(User, error) (inbox.Outcome, error)
 
 // CreateUser is the create-user operation, at most once per key: the user
 // (or the refusal) and the answer stored under key commit in one
 // transaction. A repeat of key gets the stored answer, with replayed set.
-func (s *Store) CreateUser(ctx context.Context, key string, p person.Person, answer Answer) (out inbox.Outcome, replayed bool, err error) {
+func (s *Store) CreateUser(ctx context.Context, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
 	return s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
 		u, err := s.insertUser(ctx, tx, p)
+		crashpoint.Pause(crashpoint.UsersInInboxTx)
 		if err != nil && !errors.Is(err, ErrDocumentTaken) {
 			return inbox.Outcome{}, err
 		}
@@ -90,12 +96,14 @@ func (s *Store) insertUser(ctx context.Context, tx pgx.Tx, p person.Person) (Use
 
 // User returns the user with id, or ErrNotFound.
 func (s *Store) User(ctx context.Context, id uuid.UUID) (User, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
 	u, err := s.q.GetUser(ctx, s.pool, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return User{}, ErrNotFound
 	}
 	if err != nil {
-		return User{}, fmt.Errorf("get user: %w", err)
+		return User{}, database.Classify(fmt.Errorf("get user: %w", err))
 	}
 	return User(u), nil
 }

@@ -1,0 +1,63 @@
+package envconfig
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func env(kv ...string) func(string) string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) string { return m[k] }
+}
+
+// TestEveryMistakeAtOnce: one start-up attempt shows every bad variable.
+func TestEveryMistakeAtOnce(t *testing.T) {
+	t.Parallel()
+	r := New(env("A_INT", "many", "A_WAIT", "forever", "A_LEVEL", "loud"))
+	r.Int("A_INT", 1, 0, 10)
+	r.Duration("A_WAIT", time.Second, 0, time.Hour)
+	r.OneOf("A_LEVEL", "info", "info", "debug")
+	r.Check(false, "A_WAIT must be shorter than A_OTHER")
+	err := r.Err()
+	for _, name := range []string{"A_INT", "A_WAIT=", "A_LEVEL", "A_OTHER"} {
+		require.ErrorContains(t, err, name)
+	}
+}
+
+// TestDatabaseURLIsNeverEchoed: a password can sit in the userinfo or in
+// the query; no error shows either.
+func TestDatabaseURLIsNeverEchoed(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{
+		"mysql://app:hunter2@db/x",
+		"mysql://db/x?password=hunter2",
+		"postgres://app:hunter2@db:5432/x?sslmode=%zz",
+		"postgres://app:hunter2@db:5432/x?sslmode=sometimes",
+		"://app:hunter2@",
+	} {
+		r := New(env("DB_URL", v))
+		r.DatabaseURL("DB_URL", "postgres://localhost/db")
+		require.ErrorContains(t, r.Err(), "DB_URL", v)
+		require.NotContains(t, r.Err().Error(), "hunter2", v)
+	}
+	r := New(env("DB_URL", "postgres://app:hunter2@db:5432/x?sslmode=disable"))
+	require.Equal(t, "postgres://app:hunter2@db:5432/x?sslmode=disable", r.DatabaseURL("DB_URL", ""))
+	require.NoError(t, r.Err())
+}
+
+func TestDefaultsAreRecorded(t *testing.T) {
+	t.Parallel()
+	computed := 0
+	r := New(env("B_ID", "given"))
+	r.Duration("B_WAIT", 5*time.Second, 0, time.Hour)
+	r.Int("B_N", 3, 0, 10)
+	require.Equal(t, "given", r.Computed("B_ID", "hostname-pid", func() string { computed++; return "x" }))
+	require.Zero(t, computed, "a default is computed only when needed")
+	require.Equal(t, []Var{{"B_WAIT", 5 * time.Second}, {"B_N", 3}, {"B_ID", "hostname-pid"}}, r.Vars())
+	require.Equal(t, []string{"B_WAIT", "B_N", "B_ID"}, r.Names())
+}

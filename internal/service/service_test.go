@@ -1,0 +1,49 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+var errDone = errors.New("done")
+
+// TestBinaryBoundsItsDatabase: the pool a binary serves with runs under the
+// server-side limits, with the binary's DatabaseTimeout as the statement
+// timeout, and the binary's pool size.
+func TestBinaryBoundsItsDatabase(t *testing.T) {
+	t.Parallel()
+	settings := map[string]string{}
+	var maxConns int32
+	err := Binary{
+		Name: "test", DatabaseURL: pgtest.EmptyURL(t), MaxConns: 3, DatabaseTimeout: 1500 * time.Millisecond, LogLevel: "error",
+		Start: func(_ *slog.Logger, pool *pgxpool.Pool) []Part {
+			return []Part{{Name: "inspect", Run: func(ctx context.Context) error {
+				maxConns = pool.Config().MaxConns
+				for _, name := range []string{"statement_timeout", "idle_in_transaction_session_timeout", "tcp_user_timeout"} {
+					var v string
+					if err := pool.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v); err != nil {
+						return err
+					}
+					settings[name] = v
+				}
+				return errDone // a part that returns stops the binary
+			}}}
+		},
+	}.Run(context.Background(), nil, &bytes.Buffer{})
+	require.ErrorIs(t, err, errDone)
+	require.EqualValues(t, 3, maxConns)
+	require.Equal(t, map[string]string{
+		"statement_timeout":                   "1500ms",
+		"idle_in_transaction_session_timeout": "10s",
+		"tcp_user_timeout":                    "15000",
+	}, settings)
+}
