@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -157,8 +158,13 @@ func TestUsersOutage(t *testing.T) {
 	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err, "Users comes back on the same address")
 	users := &http.Server{Handler: f.users, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = users.Serve(ln) }()
-	t.Cleanup(func() { _ = users.Close() })
+	apitest.Start(t, func(ctx context.Context) error {
+		context.AfterFunc(ctx, func() { _ = users.Close() })
+		if err := users.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
 
 	require.Eventually(t, func() bool {
 		return apitest.Count(t, f.studentPool, "SELECT count(*) FROM students WHERE user_id IS NOT NULL") == n

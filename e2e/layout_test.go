@@ -7,7 +7,9 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +66,34 @@ func TestShippedBinariesImportNoScaffolding(t *testing.T) {
 	require.Empty(t, scaffolding(deps), "a shipped binary imports test or dev scaffolding")
 	require.Equal(t, []string{module + "/testkit/pgtest"}, scaffolding([]string{module + "/testkit/pgtest", module + "/internal/inbox"}),
 		"the check itself must catch a scaffolding import")
+}
+
+// TestNothingInInternalImportsABinary: internal/ holds what the binaries
+// share; an import from there into a service or the sender would run the
+// dependency graph backwards.
+func TestNothingInInternalImportsABinary(t *testing.T) {
+	t.Parallel()
+	deps := goList(t, "-deps", "./internal/...")
+	require.Contains(t, deps, module+"/internal/httpapi")
+	for _, d := range deps {
+		require.False(t, strings.HasPrefix(d, module+"/services/") || strings.HasPrefix(d, module+"/outbox-sender"),
+			"internal/ imports %s", d)
+	}
+}
+
+// TestShippedBuildsHaveNoCrashPointTag: the Dockerfile and make build
+// build without the tag that compiles crash points in.
+func TestShippedBuildsHaveNoCrashPointTag(t *testing.T) {
+	t.Parallel()
+	for _, file := range []string{"Dockerfile", "Makefile"} {
+		b, err := os.ReadFile(filepath.Join(repoRoot, file))
+		require.NoError(t, err)
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if strings.Contains(line, "go build") {
+				require.NotContains(t, line, "crashpoints", "%s builds shipped binaries with crash points: %s", file, line)
+			}
+		}
+	}
 }
 
 // TestCrashPointsAreNotShipped: the package the binaries call for crash

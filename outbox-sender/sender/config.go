@@ -25,6 +25,15 @@ type Config struct {
 	BackoffMin     time.Duration // SENDER_BACKOFF_MIN
 	BackoffMax     time.Duration // SENDER_BACKOFF_MAX
 	MaxAge         time.Duration // SENDER_MAX_AGE
+	// Delivered rows are deleted after DeliveredRetention, so the outbox
+	// stays small; dead rows are kept until a person redrives them.
+	DeliveredRetention time.Duration // SENDER_DELIVERED_RETENTION
+	PurgeInterval      time.Duration // SENDER_PURGE_INTERVAL
+
+	// DatabaseTimeout is the server's statement_timeout on the sender's
+	// connections: it bounds each claim and each statement that records
+	// answers.
+	DatabaseTimeout time.Duration // SENDER_DATABASE_TIMEOUT
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
@@ -45,6 +54,9 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		PollInterval:   e.Duration("SENDER_POLL_INTERVAL", 200*time.Millisecond, time.Millisecond, time.Minute),
 		Lease:          e.Duration("SENDER_LEASE", 30*time.Second, time.Second, time.Hour),
 		RequestTimeout: e.Duration("SENDER_REQUEST_TIMEOUT", 5*time.Second, 10*time.Millisecond, 10*time.Minute),
+		// Shorter than SENDER_LEASE (checked below); a claim or a recording
+		// statement takes milliseconds when the database is well.
+		DatabaseTimeout: e.Duration("SENDER_DATABASE_TIMEOUT", 3*time.Second, 100*time.Millisecond, 10*time.Minute),
 		// SENDER_MAX_AGE is the retry horizon that matters; the attempt cap
 		// is a safety net, high enough that with the default backoff the
 		// age limit is reached first: with equal jitter a capped delay is at
@@ -53,6 +65,10 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		BackoffMin:  e.Duration("SENDER_BACKOFF_MIN", 500*time.Millisecond, time.Millisecond, time.Hour),
 		BackoffMax:  e.Duration("SENDER_BACKOFF_MAX", 5*time.Minute, time.Millisecond, 24*time.Hour),
 		MaxAge:      e.Duration("SENDER_MAX_AGE", 72*time.Hour, time.Second, 10*365*24*time.Hour),
+		// A week of delivered rows answers "what happened to this
+		// student?" for the recent past; the history goes with them.
+		DeliveredRetention: e.Duration("SENDER_DELIVERED_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
+		PurgeInterval:      e.Duration("SENDER_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
 	}
 	e.Check(c.BackoffMin <= c.BackoffMax, "SENDER_BACKOFF_MIN=%s must not exceed SENDER_BACKOFF_MAX=%s", c.BackoffMin, c.BackoffMax)
 	// A claimed row waits for a free worker at most one batch's worth of
@@ -62,5 +78,12 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e.Check(c.Lease >= worst,
 		"SENDER_LEASE=%s is too short: with SENDER_REQUEST_TIMEOUT=%s, SENDER_BATCH_SIZE=%d and SENDER_CONCURRENCY=%d a claimed row may take up to %s",
 		c.Lease, c.RequestTimeout, c.BatchSize, c.Concurrency, worst)
+	// The check above also keeps SENDER_REQUEST_TIMEOUT < SENDER_LEASE.
+	// A claim stamps its rows' lease from the moment it started: a claim
+	// that ran longer than the lease would hand out rows already due again,
+	// which a second sender could then deliver at the same time.
+	e.Check(c.DatabaseTimeout < c.Lease,
+		"SENDER_DATABASE_TIMEOUT=%s must be shorter than SENDER_LEASE=%s: a claim that outlasts the lease hands out rows another sender may claim too",
+		c.DatabaseTimeout, c.Lease)
 	return c, e, e.Err()
 }

@@ -14,6 +14,7 @@ import (
 type metrics struct {
 	claimed  prometheus.Counter
 	results  *prometheus.CounterVec
+	dead     *prometheus.CounterVec
 	duration prometheus.Histogram
 }
 
@@ -26,6 +27,10 @@ func newMetrics() *metrics {
 			Name: "outbox_sender_results_total",
 			Help: "Delivery results by verdict: delivered, retry, dead, released.",
 		}, []string{"verdict"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_sender_dead_letters_total",
+			Help: "Rows this sender dead-lettered, by reason class: alert when it rises.",
+		}, []string{"reason_class"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "outbox_sender_request_duration_seconds",
 			Help:    "Time from sending a row to Users until its answer (or failure).",
@@ -41,7 +46,7 @@ func (v verdict) String() string {
 // Collectors returns the sender's metrics and a collector of the outbox's
 // state in the database, for registering on a registry.
 func (s *Sender) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.metrics.claimed, s.metrics.results, s.metrics.duration, &outboxCollector{s: s}}
+	return []prometheus.Collector{s.metrics.claimed, s.metrics.results, s.metrics.dead, s.metrics.duration, &outboxCollector{s: s}}
 }
 
 var (

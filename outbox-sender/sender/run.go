@@ -14,10 +14,11 @@ import (
 	"github.com/outboxref/outboxref/internal/service"
 )
 
-// Run runs the sender until ctx ends: the delivery loop, and an admin HTTP
-// server with /healthz, /readyz and /metrics. args may be "healthcheck";
-// the sender has no migrations of its own (Student's are applied by
-// "student migrate").
+// Run runs the sender until ctx ends: the delivery loop, the purge of old
+// delivered rows, and an admin HTTP server with /healthz, /readyz, /metrics
+// and the dead-letter routes (admin.go). args may be "healthcheck", or
+// "dead ..." (commands.go); the sender has no migrations of its own
+// (Student's are applied by "student migrate").
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, _, err := LoadConfig(getenv)
 	if err != nil {
@@ -25,9 +26,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	return service.Binary{
 		Name: "outbox-sender", DatabaseURL: cfg.DatabaseURL, LogLevel: cfg.LogLevel, HealthAddr: cfg.AdminAddr,
-		// The claimer, the completer and readiness checks are the only
-		// users; a few connections are plenty whatever the concurrency.
-		MaxConns: 4,
+		DatabaseTimeout: cfg.DatabaseTimeout,
+		// The claimer and the completer hold one connection each at a time;
+		// the rest is for the purge, readiness, metrics and the admin
+		// routes, so an operator's queries never starve delivery.
+		MaxConns: 8,
+		Commands: map[string]service.Command{"dead": deadCommand(cliActor(), cfg.DatabaseTimeout)},
 		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			log = log.With(slog.String("sender_id", cfg.ID))
 			s := New(log, pool, cfg)
@@ -36,11 +40,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			admin := httpapi.NewRouter(log, pool.Ping)
 			admin.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+			AdminRoutes(admin, NewOperator(pool, "admin-api@"+cfg.ID, cfg.DatabaseTimeout))
 
 			log.Info("sender starting", slog.String("users_url", cfg.UsersURL), slog.Int("batch_size", cfg.BatchSize),
 				slog.Int("concurrency", cfg.Concurrency), slog.Duration("lease", cfg.Lease))
 			return []service.Part{
 				{Name: "delivery", Run: s.Run},
+				{Name: "outbox purge", Run: s.PurgeLoop},
 				// Without its admin port the sender is unobservable: if the
 				// server fails, the whole process stops.
 				service.Server(log, "SENDER_ADMIN_ADDR", cfg.AdminAddr, admin),

@@ -19,8 +19,11 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	err := Run(context.Background(), nil, apitest.Env("SENDER_REQUEST_TIMEOUT", "20s"), &bytes.Buffer{})
 	require.ErrorContains(t, err, "SENDER_LEASE=30s is too short")
+	// Waits nest: a claim must end within the lease it hands out.
+	err = Run(context.Background(), nil, apitest.Env("SENDER_DATABASE_TIMEOUT", "30s"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "SENDER_DATABASE_TIMEOUT=30s must be shorter than SENDER_LEASE=30s")
 	err = Run(context.Background(), []string{"migrate"}, apitest.Env(), &bytes.Buffer{})
-	require.ErrorContains(t, err, "want none, or one of healthcheck")
+	require.ErrorContains(t, err, "want none, or one of dead, healthcheck")
 }
 
 // TestRunDeliversAndStops runs the sender as main does: admin endpoints up,

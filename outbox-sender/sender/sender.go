@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/crashpoint"
+	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
 )
@@ -73,6 +74,7 @@ type result struct {
 	row     outboxdb.ClaimDueRow
 	verdict verdict
 	userID  uuid.UUID
+	class   string // why it failed, for retry and dead: one of the Reason constants
 	err     string
 	delay   time.Duration
 }
@@ -137,9 +139,10 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 				break more
 			}
 		}
+		crashpoint.Pause(crashpoint.SenderBeforeClaim)
 		// Not cancelled by shutdown: a claim cut short may still have
 		// committed, and rows claimed but never seen would sit out a lease.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		cctx, cancel := database.WithDeadline(context.WithoutCancel(ctx), s.cfg.DatabaseTimeout)
 		rows, err := s.q.ClaimDue(cctx, s.pool, outboxdb.ClaimDueParams{
 			Lease: s.cfg.Lease, ClaimedBy: pgtype.Text{String: s.cfg.ID, Valid: true}, BatchSize: int32(n),
 			MaxAge: s.cfg.MaxAge,
@@ -183,7 +186,8 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 // deliver sends one row to Users and judges the answer.
 func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
 	if row.Expired {
-		return result{row: row, verdict: dead, err: fmt.Sprintf("gave up: the operation is older than SENDER_MAX_AGE=%s", s.cfg.MaxAge)}
+		return result{row: row, verdict: dead, class: ReasonExpired,
+			err: fmt.Sprintf("gave up: the operation is older than SENDER_MAX_AGE=%s", s.cfg.MaxAge)}
 	}
 	// A shutdown does not cut a request short: an answer Users already
 	// committed is better recorded now than found again by a redelivery.
@@ -191,20 +195,28 @@ func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, strings.TrimRight(s.cfg.UsersURL, "/")+"/users", strings.NewReader(string(row.Payload)))
 	if err != nil {
-		return result{row: row, verdict: dead, err: fmt.Sprintf("build request: %v", err)}
+		return result{row: row, verdict: dead, class: ReasonSenderError, err: fmt.Sprintf("build request: %v", err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", row.IdempotencyKey.String())
+	// Go's Transport re-sends a request whose reused connection broke before
+	// the answer, unseen, when it deems the request replayable, which the
+	// Idempotency-Key header makes it (net/http: Request.isReplayable). Such
+	// a send is a delivery Users receives that no attempt, no metric and no
+	// log line counts. Without GetBody the body cannot be rewound, so the
+	// Transport never re-sends: every send is one attempt, retried by the
+	// sender's own backoff.
+	req.GetBody = nil
 	start := time.Now()
 	defer func() { s.metrics.duration.Observe(time.Since(start).Seconds()) }()
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return s.retryOrDie(row, fmt.Sprintf("POST /users: %v", err), 0)
+		return s.retryOrDie(row, ReasonUsersUnreachable, fmt.Sprintf("POST /users: %v", err), 0)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
-		return s.retryOrDie(row, fmt.Sprintf("POST /users: read answer: %v", err), 0)
+		return s.retryOrDie(row, ReasonUsersUnreachable, fmt.Sprintf("POST /users: read answer: %v", err), 0)
 	}
 	return s.judge(row, resp, body)
 }
@@ -222,7 +234,7 @@ func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byt
 			UserID uuid.UUID `json:"userId"`
 		}
 		if err := json.Unmarshal(body, &created); err != nil || created.UserID == uuid.Nil {
-			return result{row: row, verdict: dead, err: fmt.Sprintf("Users answered %d without a userId", code)}
+			return result{row: row, verdict: dead, class: ReasonUnexpectedAnswer, err: fmt.Sprintf("Users answered %d without a userId", code)}
 		}
 		return result{row: row, verdict: delivered, userID: created.UserID}
 	}
@@ -235,12 +247,21 @@ func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byt
 		why = fmt.Sprintf("Users answered %d %s", code, p.Title)
 	}
 	switch {
-	case code == http.StatusBadRequest && p.Type == httpapi.TypeValidation,
-		code == http.StatusConflict && p.Type == httpapi.TypeDocumentTaken,
-		code == http.StatusUnprocessableEntity && p.Type == httpapi.TypeIdempotencyMismatch:
-		return result{row: row, verdict: dead, err: why}
+	case code == http.StatusBadRequest && p.Type == httpapi.TypeValidation:
+		return result{row: row, verdict: dead, class: ReasonInvalid, err: why}
+	case code == http.StatusConflict && p.Type == httpapi.TypeDocumentTaken:
+		return result{row: row, verdict: dead, class: ReasonRefused, err: why}
+	case code == http.StatusUnprocessableEntity && p.Type == httpapi.TypeIdempotencyMismatch:
+		return result{row: row, verdict: dead, class: ReasonKeyReused, err: why}
 	}
-	return s.retryOrDie(row, why, s.retryAfter(resp))
+	class := ReasonUnexpectedAnswer
+	switch {
+	case code == http.StatusConflict && p.Type == httpapi.TypeIdempotencyBusy:
+		class = ReasonKeyInProgress
+	case code >= 500, code == http.StatusRequestTimeout, code == http.StatusTooManyRequests:
+		class = ReasonUsersUnavailable
+	}
+	return s.retryOrDie(row, class, why, s.retryAfter(resp))
 }
 
 // retryAfter reads Retry-After in either form (seconds or an HTTP date),
@@ -262,11 +283,12 @@ func (s *Sender) retryAfter(resp *http.Response) time.Duration {
 
 // retryOrDie schedules another attempt with exponential backoff and jitter,
 // or dead-letters the row once its attempts are used up.
-func (s *Sender) retryOrDie(row outboxdb.ClaimDueRow, why string, atLeast time.Duration) result {
+func (s *Sender) retryOrDie(row outboxdb.ClaimDueRow, class, why string, atLeast time.Duration) result {
 	if int(row.Attempts) >= s.cfg.MaxAttempts {
-		return result{row: row, verdict: dead, err: fmt.Sprintf("gave up after %d attempts; last error: %s", row.Attempts, why)}
+		return result{row: row, verdict: dead, class: ReasonAttemptsExhausted,
+			err: fmt.Sprintf("gave up after %d attempts; last error (%s): %s", row.Attempts, class, why)}
 	}
-	return result{row: row, verdict: retry, err: why, delay: max(s.backoff(int(row.Attempts)), atLeast)}
+	return result{row: row, verdict: retry, class: class, err: why, delay: max(s.backoff(int(row.Attempts)), atLeast)}
 }
 
 // backoff doubles from BackoffMin with each attempt up to BackoffMax, then
@@ -317,7 +339,7 @@ func (s *Sender) record(ctx context.Context, batch []result) {
 	for attempt := 1; ; attempt++ {
 		// Recording must outlive a shutdown request: these answers are
 		// already committed in Users.
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		wctx, cancel := database.WithDeadline(context.WithoutCancel(ctx), s.cfg.DatabaseTimeout)
 		err := s.write(wctx, batch)
 		cancel()
 		if err == nil {
@@ -353,10 +375,12 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 			retries.LeaseTokens = append(retries.LeaseTokens, r.row.LeaseToken)
 			retries.Delays = append(retries.Delays, r.delay)
 			retries.Errors = append(retries.Errors, cleanError(r.err))
+			retries.ReasonClasses = append(retries.ReasonClasses, r.class)
 		case dead:
 			deaths.Ids = append(deaths.Ids, r.row.ID)
 			deaths.LeaseTokens = append(deaths.LeaseTokens, r.row.LeaseToken)
 			deaths.Errors = append(deaths.Errors, cleanError(r.err))
+			deaths.ReasonClasses = append(deaths.ReasonClasses, r.class)
 		case release:
 			releases.Ids = append(releases.Ids, r.row.ID)
 			releases.LeaseTokens = append(releases.LeaseTokens, r.row.LeaseToken)
@@ -365,9 +389,14 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 	if len(link.StudentIds) > 0 {
 		crashpoint.Hit(crashpoint.SenderAfterResponse)
 	}
-	var conflicts []conflict
+	var (
+		conflicts []conflict
+		// applied holds the rows whose retry or dead-letter this sender
+		// wrote; one whose lease another sender took over was not.
+		applied map[int64]bool
+	)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		conflicts = nil // a retried transaction starts over
+		conflicts, applied = nil, map[int64]bool{} // a retried transaction starts over
 		if len(link.StudentIds) > 0 {
 			c, err := s.link(ctx, tx, link, linkRows, &deaths)
 			if err != nil {
@@ -376,13 +405,21 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 			conflicts = c
 		}
 		if len(retries.Ids) > 0 {
-			if _, err := s.q.ScheduleRetries(ctx, tx, retries); err != nil {
+			ids, err := s.q.ScheduleRetries(ctx, tx, retries)
+			if err != nil {
 				return fmt.Errorf("schedule retries: %w", err)
+			}
+			for _, id := range ids {
+				applied[id] = true
 			}
 		}
 		if len(deaths.Ids) > 0 {
-			if _, err := s.q.MarkDead(ctx, tx, deaths); err != nil {
+			ids, err := s.q.MarkDead(ctx, tx, deaths)
+			if err != nil {
 				return fmt.Errorf("dead-letter rows: %w", err)
+			}
+			for _, id := range ids {
+				applied[id] = true
 			}
 		}
 		if len(releases.Ids) > 0 {
@@ -390,19 +427,23 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 				return fmt.Errorf("release rows: %w", err)
 			}
 		}
-		return nil
+		crashpoint.Pause(crashpoint.SenderInRecord)
+		return s.recordHistory(ctx, tx, batch, conflicts, applied)
 	})
 	if err != nil {
 		return err
 	}
 	for _, r := range batch {
 		s.metrics.results.WithLabelValues(r.verdict.String()).Inc()
-		if r.verdict == dead {
+		if r.verdict == dead && applied[r.row.ID] {
+			s.metrics.dead.WithLabelValues(r.class).Inc()
 			s.log.Warn("outbox row dead-lettered", slog.Int64("outbox_id", r.row.ID),
-				slog.String("student_id", r.row.StudentID.String()), slog.String("error", r.err))
+				slog.String("student_id", r.row.StudentID.String()), slog.String("idempotency_key", r.row.IdempotencyKey.String()),
+				slog.String("reason_class", r.class), slog.String("error", r.err))
 		}
 	}
 	for _, c := range conflicts {
+		s.metrics.dead.WithLabelValues(ReasonConflict).Inc()
 		s.log.Error("student linked to a different user", slog.String("student_id", c.student.String()),
 			slog.String("answered_user_id", c.user.String()), slog.Int64("outbox_id", c.outboxID))
 	}
@@ -442,10 +483,62 @@ func (s *Sender) link(ctx context.Context, tx pgx.Tx, link outboxdb.LinkStudents
 		conflicts = append(conflicts, conflict{student: sid, user: link.UserIds[i], outboxID: row.ID})
 		deaths.Ids = append(deaths.Ids, row.ID)
 		deaths.LeaseTokens = append(deaths.LeaseTokens, uuid.Nil)
-		deaths.Errors = append(deaths.Errors,
-			fmt.Sprintf("student is already linked to a different user; Users answered %s", link.UserIds[i]))
+		deaths.Errors = append(deaths.Errors, conflictError(link.UserIds[i]))
+		deaths.ReasonClasses = append(deaths.ReasonClasses, ReasonConflict)
 	}
 	return conflicts, nil
+}
+
+func conflictError(answered uuid.UUID) string {
+	return fmt.Sprintf("student is already linked to a different user; Users answered %s", answered)
+}
+
+// historyKeep is how many events each row's history keeps.
+const historyKeep = 20
+
+// recordHistory adds an event per attempt of the batch to the rows'
+// histories, in the recording transaction, and trims each history to its
+// newest historyKeep events. Rows handed back at shutdown were not
+// attempted, and a retry or dead-letter that was not applied (the lease was
+// lost to another sender) is that sender's to tell.
+func (s *Sender) recordHistory(ctx context.Context, tx pgx.Tx, batch []result, conflicts []conflict, applied map[int64]bool) error {
+	conflicted := make(map[int64]conflict, len(conflicts))
+	for _, c := range conflicts {
+		conflicted[c.outboxID] = c
+	}
+	ev := outboxdb.RecordEventsParams{Actor: s.cfg.ID}
+	for _, r := range batch {
+		if r.verdict == release || (r.verdict == retry || r.verdict == dead) && !applied[r.row.ID] {
+			continue
+		}
+		outcome, class, why := r.verdict.String(), r.class, r.err
+		if c, ok := conflicted[r.row.ID]; ok {
+			outcome, class, why = dead.String(), ReasonConflict, conflictError(c.user)
+		}
+		ev.OutboxIds = append(ev.OutboxIds, r.row.ID)
+		ev.Attempts = append(ev.Attempts, r.row.Attempts)
+		ev.Outcomes = append(ev.Outcomes, outcome)
+		ev.ReasonClasses = append(ev.ReasonClasses, class)
+		ev.Errors = append(ev.Errors, cleanError(why))
+		ev.IdempotencyKeys = append(ev.IdempotencyKeys, r.row.IdempotencyKey)
+	}
+	if len(ev.OutboxIds) == 0 {
+		return nil
+	}
+	if err := s.q.RecordEvents(ctx, tx, ev); err != nil {
+		return fmt.Errorf("record history: %w", err)
+	}
+	return trimHistory(ctx, s.q, tx, ev.OutboxIds)
+}
+
+// trimHistory keeps the newest historyKeep events of each of the rows.
+// Counting events, not attempts, keeps it bounded across redrives too,
+// which start the attempts again from zero.
+func trimHistory(ctx context.Context, q *outboxdb.Queries, tx pgx.Tx, ids []int64) error {
+	if err := q.TrimEvents(ctx, tx, outboxdb.TrimEventsParams{OutboxIds: ids, Keep: historyKeep}); err != nil {
+		return fmt.Errorf("trim history: %w", err)
+	}
+	return nil
 }
 
 // cleanError makes an error message storable: PostgreSQL text holds no NUL

@@ -331,7 +331,7 @@ func TestGivesUpAfterMaxAttempts(t *testing.T) {
 	eventually(t, "row dead", func() bool { return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead'") == 1 })
 	var lastError string
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT last_error FROM outbox").Scan(&lastError))
-	require.Equal(t, "gave up after 3 attempts; last error: Users answered 502 Bad Gateway", lastError)
+	require.Equal(t, "gave up after 3 attempts; last error (users-unavailable): Users answered 502 Bad Gateway", lastError)
 	require.Equal(t, 3, count(t, pool, "SELECT attempts FROM outbox"))
 }
 
@@ -340,7 +340,7 @@ func TestGivesUpOnRowsOlderThanMaxAge(t *testing.T) {
 	pool := pgtest.Pool(t, migrations.Student)
 	users, url := newFakeUsers(t, nil)
 	addStudents(t, pool, 2)
-	_, err := pool.Exec(context.Background(), "UPDATE outbox SET created_at = now() - interval '2 hours' WHERE id = (SELECT min(id) FROM outbox)")
+	_, err := pool.Exec(context.Background(), "UPDATE outbox SET created_at = now() - interval '2 hours', age_from = now() - interval '2 hours' WHERE id = (SELECT min(id) FROM outbox)")
 	require.NoError(t, err)
 	run(t, pool, testConfig(url))
 	eventually(t, "both settled", func() bool {
@@ -362,7 +362,7 @@ func TestRetryNeverSleepsPastMaxAge(t *testing.T) {
 		return true
 	})
 	addStudents(t, pool, 1)
-	_, err := pool.Exec(context.Background(), "UPDATE outbox SET created_at = now() - interval '1 hour' + interval '500 milliseconds'")
+	_, err := pool.Exec(context.Background(), "UPDATE outbox SET age_from = now() - interval '1 hour' + interval '500 milliseconds'")
 	require.NoError(t, err)
 	cfg := testConfig(url)
 	cfg.BackoffMin, cfg.BackoffMax = time.Hour, time.Hour

@@ -20,8 +20,9 @@ FROM (
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at,
-          -- Judged by the database's clock, which wrote created_at.
-          (o.created_at + @max_age::interval < now())::boolean AS expired;
+          -- Judged by the database's clock, which wrote age_from (the
+          -- row's creation, or its last redrive).
+          (o.age_from + @max_age::interval < now())::boolean AS expired;
 
 -- name: LinkStudents :many
 -- Records each returned user id on its student unless the student is
@@ -39,31 +40,35 @@ RETURNING s.id;
 -- A user id from Users is the truth, so it also wins over a dead-letter
 -- written meanwhile by another sender (for age, say): the user exists.
 UPDATE outbox
-SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL
+SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL,
+    reason_class = NULL
 WHERE id = ANY(@ids::bigint[]) AND state <> 'delivered';
 
--- name: ScheduleRetries :execrows
+-- name: ScheduleRetries :many
 -- Only the holder of the current lease may reschedule a row; a sender whose
 -- lease expired and was taken over leaves the row to its new owner. A row
 -- never sleeps past its max age: it is claimed then, and dead-lettered.
 UPDATE outbox o
-SET available_at = LEAST(now() + d.delay, o.created_at + @max_age::interval),
-    last_error = d.error, lease_token = NULL
+SET available_at = LEAST(now() + d.delay, o.age_from + @max_age::interval),
+    last_error = d.error, reason_class = d.reason_class, lease_token = NULL
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
-             unnest(@delays::interval[]) AS delay, unnest(@errors::text[]) AS error) d
-WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending';
+             unnest(@delays::interval[]) AS delay, unnest(@errors::text[]) AS error,
+             unnest(@reason_classes::text[]) AS reason_class) d
+WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
+RETURNING o.id;
 
--- name: MarkDead :execrows
+-- name: MarkDead :many
 -- The nil UUID as lease token skips the fence (claims never hand it out):
 -- used for rows whose Users answer
 -- cannot be recorded (the student is linked to a different user), which,
 -- like a delivery, is a fact about the key rather than about a lease.
 UPDATE outbox o
-SET state = 'dead', dead_at = now(), last_error = d.error, lease_token = NULL
+SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
-             unnest(@errors::text[]) AS error) d
+             unnest(@errors::text[]) AS error, unnest(@reason_classes::text[]) AS reason_class) d
 WHERE o.id = d.id AND o.state = 'pending'
-  AND (d.lease_token = '00000000-0000-0000-0000-000000000000' OR o.lease_token = d.lease_token);
+  AND (d.lease_token = '00000000-0000-0000-0000-000000000000' OR o.lease_token = d.lease_token)
+RETURNING o.id;
 
 -- name: Release :execrows
 -- Hands claimed but unsent rows back at shutdown: due now, and the claim
@@ -83,3 +88,38 @@ SELECT count(*) FILTER (WHERE state = 'pending')   AS pending,
        COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
            AS oldest_pending_seconds
 FROM outbox;
+
+-- name: RecordEvents :exec
+-- One statement for a whole batch of attempts, in the recording
+-- transaction, so the history never disagrees with the row.
+INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
+SELECT e.outbox_id, 'attempt', e.attempt, e.outcome, NULLIF(e.reason_class, ''), NULLIF(e.error, ''), @actor, e.idempotency_key
+FROM (SELECT unnest(@outbox_ids::bigint[]) AS outbox_id, unnest(@attempts::integer[]) AS attempt,
+             unnest(@outcomes::text[]) AS outcome, unnest(@reason_classes::text[]) AS reason_class,
+             unnest(@errors::text[]) AS error, unnest(@idempotency_keys::uuid[]) AS idempotency_key) e;
+
+-- name: TrimEvents :exec
+-- Keeps the newest @keep events of each row: the history stays bounded
+-- however long a row is retried or redriven.
+DELETE FROM outbox_events e
+USING (
+    SELECT id FROM (
+        SELECT id, row_number() OVER (PARTITION BY outbox_id ORDER BY id DESC) AS n
+        FROM outbox_events WHERE outbox_id = ANY(@outbox_ids::bigint[])
+    ) ranked
+    WHERE ranked.n > @keep::integer
+) old
+WHERE e.id = old.id;
+
+-- name: PurgeDelivered :execrows
+-- Deletes at most batch_size delivered rows older than the retention (and
+-- their history, by cascade). Dead rows are never purged: a person must
+-- look at them. SKIP LOCKED lets several senders purge side by side.
+DELETE FROM outbox
+WHERE id IN (
+    SELECT old.id FROM outbox old
+    WHERE old.state = 'delivered' AND old.delivered_at < now() - @retention::interval
+    ORDER BY old.delivered_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+);

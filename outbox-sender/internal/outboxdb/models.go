@@ -37,6 +37,25 @@ type Outbox struct {
 	CreatedAt      time.Time
 	DeliveredAt    pgtype.Timestamptz
 	DeadAt         pgtype.Timestamptz
+	ReasonClass    pgtype.Text
+	AgeFrom        time.Time
+	PreviousKeys   []uuid.UUID
+	Redrives       int32
+	RedrivenAt     pgtype.Timestamptz
+	StateAt        pgtype.Timestamptz
+}
+
+type OutboxEvent struct {
+	ID             int64
+	OutboxID       int64
+	At             time.Time
+	Kind           string
+	Attempt        int32
+	Outcome        string
+	ReasonClass    pgtype.Text
+	Error          pgtype.Text
+	Actor          string
+	IdempotencyKey uuid.UUID
 }
 
 type Student struct {

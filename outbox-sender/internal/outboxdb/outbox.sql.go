@@ -30,8 +30,9 @@ FROM (
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at,
-          -- Judged by the database's clock, which wrote created_at.
-          (o.created_at + $4::interval < now())::boolean AS expired
+          -- Judged by the database's clock, which wrote age_from (the
+          -- row's creation, or its last redrive).
+          (o.age_from + $4::interval < now())::boolean AS expired
 `
 
 type ClaimDueParams struct {
@@ -129,36 +130,56 @@ func (q *Queries) LinkStudents(ctx context.Context, db DBTX, arg LinkStudentsPar
 	return items, nil
 }
 
-const markDead = `-- name: MarkDead :execrows
+const markDead = `-- name: MarkDead :many
 UPDATE outbox o
-SET state = 'dead', dead_at = now(), last_error = d.error, lease_token = NULL
+SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
 FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
-             unnest($3::text[]) AS error) d
+             unnest($3::text[]) AS error, unnest($4::text[]) AS reason_class) d
 WHERE o.id = d.id AND o.state = 'pending'
   AND (d.lease_token = '00000000-0000-0000-0000-000000000000' OR o.lease_token = d.lease_token)
+RETURNING o.id
 `
 
 type MarkDeadParams struct {
-	Ids         []int64
-	LeaseTokens []uuid.UUID
-	Errors      []string
+	Ids           []int64
+	LeaseTokens   []uuid.UUID
+	Errors        []string
+	ReasonClasses []string
 }
 
 // The nil UUID as lease token skips the fence (claims never hand it out):
 // used for rows whose Users answer
 // cannot be recorded (the student is linked to a different user), which,
 // like a delivery, is a fact about the key rather than about a lease.
-func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) (int64, error) {
-	result, err := db.Exec(ctx, markDead, arg.Ids, arg.LeaseTokens, arg.Errors)
+func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) ([]int64, error) {
+	rows, err := db.Query(ctx, markDead,
+		arg.Ids,
+		arg.LeaseTokens,
+		arg.Errors,
+		arg.ReasonClasses,
+	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const markDelivered = `-- name: MarkDelivered :execrows
 UPDATE outbox
-SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL
+SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL,
+    reason_class = NULL
 WHERE id = ANY($1::bigint[]) AND state <> 'delivered'
 `
 
@@ -205,6 +226,66 @@ func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (OutboxStatsRow, err
 	return i, err
 }
 
+const purgeDelivered = `-- name: PurgeDelivered :execrows
+DELETE FROM outbox
+WHERE id IN (
+    SELECT old.id FROM outbox old
+    WHERE old.state = 'delivered' AND old.delivered_at < now() - $1::interval
+    ORDER BY old.delivered_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type PurgeDeliveredParams struct {
+	Retention time.Duration
+	BatchSize int32
+}
+
+// Deletes at most batch_size delivered rows older than the retention (and
+// their history, by cascade). Dead rows are never purged: a person must
+// look at them. SKIP LOCKED lets several senders purge side by side.
+func (q *Queries) PurgeDelivered(ctx context.Context, db DBTX, arg PurgeDeliveredParams) (int64, error) {
+	result, err := db.Exec(ctx, purgeDelivered, arg.Retention, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const recordEvents = `-- name: RecordEvents :exec
+INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
+SELECT e.outbox_id, 'attempt', e.attempt, e.outcome, NULLIF(e.reason_class, ''), NULLIF(e.error, ''), $1, e.idempotency_key
+FROM (SELECT unnest($2::bigint[]) AS outbox_id, unnest($3::integer[]) AS attempt,
+             unnest($4::text[]) AS outcome, unnest($5::text[]) AS reason_class,
+             unnest($6::text[]) AS error, unnest($7::uuid[]) AS idempotency_key) e
+`
+
+type RecordEventsParams struct {
+	Actor           string
+	OutboxIds       []int64
+	Attempts        []int32
+	Outcomes        []string
+	ReasonClasses   []string
+	Errors          []string
+	IdempotencyKeys []uuid.UUID
+}
+
+// One statement for a whole batch of attempts, in the recording
+// transaction, so the history never disagrees with the row.
+func (q *Queries) RecordEvents(ctx context.Context, db DBTX, arg RecordEventsParams) error {
+	_, err := db.Exec(ctx, recordEvents,
+		arg.Actor,
+		arg.OutboxIds,
+		arg.Attempts,
+		arg.Outcomes,
+		arg.ReasonClasses,
+		arg.Errors,
+		arg.IdempotencyKeys,
+	)
+	return err
+}
+
 const release = `-- name: Release :execrows
 UPDATE outbox o
 SET available_at = now(), lease_token = NULL, claimed_by = NULL, attempts = GREATEST(o.attempts - 1, 0)
@@ -227,36 +308,76 @@ func (q *Queries) Release(ctx context.Context, db DBTX, arg ReleaseParams) (int6
 	return result.RowsAffected(), nil
 }
 
-const scheduleRetries = `-- name: ScheduleRetries :execrows
+const scheduleRetries = `-- name: ScheduleRetries :many
 UPDATE outbox o
-SET available_at = LEAST(now() + d.delay, o.created_at + $1::interval),
-    last_error = d.error, lease_token = NULL
+SET available_at = LEAST(now() + d.delay, o.age_from + $1::interval),
+    last_error = d.error, reason_class = d.reason_class, lease_token = NULL
 FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::uuid[]) AS lease_token,
-             unnest($4::interval[]) AS delay, unnest($5::text[]) AS error) d
+             unnest($4::interval[]) AS delay, unnest($5::text[]) AS error,
+             unnest($6::text[]) AS reason_class) d
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
+RETURNING o.id
 `
 
 type ScheduleRetriesParams struct {
-	MaxAge      time.Duration
-	Ids         []int64
-	LeaseTokens []uuid.UUID
-	Delays      []time.Duration
-	Errors      []string
+	MaxAge        time.Duration
+	Ids           []int64
+	LeaseTokens   []uuid.UUID
+	Delays        []time.Duration
+	Errors        []string
+	ReasonClasses []string
 }
 
 // Only the holder of the current lease may reschedule a row; a sender whose
 // lease expired and was taken over leaves the row to its new owner. A row
 // never sleeps past its max age: it is claimed then, and dead-lettered.
-func (q *Queries) ScheduleRetries(ctx context.Context, db DBTX, arg ScheduleRetriesParams) (int64, error) {
-	result, err := db.Exec(ctx, scheduleRetries,
+func (q *Queries) ScheduleRetries(ctx context.Context, db DBTX, arg ScheduleRetriesParams) ([]int64, error) {
+	rows, err := db.Query(ctx, scheduleRetries,
 		arg.MaxAge,
 		arg.Ids,
 		arg.LeaseTokens,
 		arg.Delays,
 		arg.Errors,
+		arg.ReasonClasses,
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const trimEvents = `-- name: TrimEvents :exec
+DELETE FROM outbox_events e
+USING (
+    SELECT id FROM (
+        SELECT id, row_number() OVER (PARTITION BY outbox_id ORDER BY id DESC) AS n
+        FROM outbox_events WHERE outbox_id = ANY($1::bigint[])
+    ) ranked
+    WHERE ranked.n > $2::integer
+) old
+WHERE e.id = old.id
+`
+
+type TrimEventsParams struct {
+	OutboxIds []int64
+	Keep      int32
+}
+
+// Keeps the newest @keep events of each row: the history stays bounded
+// however long a row is retried or redriven.
+func (q *Queries) TrimEvents(ctx context.Context, db DBTX, arg TrimEventsParams) error {
+	_, err := db.Exec(ctx, trimEvents, arg.OutboxIds, arg.Keep)
+	return err
 }

@@ -1,0 +1,73 @@
+-- The operator's queries: dead letters listed, read and redriven through
+-- the sender's admin port and its "dead" subcommands.
+
+-- name: ListOutbox :many
+-- Newest first by state_at (when the row reached its state), keyset-paged
+-- on (state_at, id) along outbox_state_at_idx.
+SELECT o.id, o.idempotency_key, o.operation, o.student_id, o.state, o.attempts, o.reason_class,
+       o.last_error, o.created_at, o.delivered_at, o.dead_at, o.redrives, o.redriven_at,
+       o.state_at::timestamptz AS state_at
+FROM outbox o
+WHERE o.state = @state
+  AND (@reason_class::text = '' OR o.reason_class = @reason_class::text)
+  AND o.state_at >= @since::timestamptz
+  AND o.state_at < @until::timestamptz
+  AND (o.state_at, o.id) < (@before_at::timestamptz, @before_id::bigint)
+ORDER BY o.state_at DESC, o.id DESC
+LIMIT @page_size;
+
+-- name: GetOutboxRow :one
+SELECT o.id, o.idempotency_key, o.previous_keys, o.operation, o.student_id, o.state,
+       o.attempts, o.reason_class, o.last_error, o.available_at, o.claimed_by, o.created_at,
+       o.age_from, o.delivered_at, o.dead_at, o.redrives, o.redriven_at,
+       s.name AS student_name, s.user_id AS student_user_id
+FROM outbox o
+JOIN students s ON s.id = o.student_id
+WHERE o.id = @id;
+
+-- name: ListEvents :many
+SELECT id, at, kind, attempt, outcome, reason_class, error, actor, idempotency_key
+FROM outbox_events
+WHERE outbox_id = @outbox_id
+ORDER BY id;
+
+-- name: FindDead :many
+-- The dead rows a bulk redrive would take, oldest death first (with the
+-- same rule as Redrive for a new key).
+SELECT o.id
+FROM outbox o
+WHERE o.state = 'dead'
+  AND (@reason_class::text = '' OR o.reason_class = @reason_class::text)
+  AND (NOT @new_key::boolean OR @force::boolean OR o.reason_class IN ('refused', 'invalid-request', 'key-reused'))
+  AND o.dead_at >= @since::timestamptz AND o.dead_at < @until::timestamptz
+ORDER BY o.dead_at, o.id
+LIMIT @max_rows;
+
+-- name: Redrive :many
+-- Brings dead rows back: due now, attempts and SENDER_MAX_AGE counted
+-- afresh. With new_key, the operation gets a new idempotency key and the
+-- old one is kept in previous_keys; without, Users sees the same key again.
+-- Rows that are no longer dead (another redrive won) are left alone, and so
+-- is a new key for a row whose old key may have created a user (the answer
+-- was lost, or never judged): only a refusal of Users' is safe to ask anew,
+-- unless the operator forces it after checking Users.
+UPDATE outbox o
+SET state = 'pending', available_at = now(), attempts = 0, age_from = now(),
+    dead_at = NULL, lease_token = NULL, claimed_by = NULL, last_error = NULL, reason_class = NULL,
+    redrives = o.redrives + 1, redriven_at = now(),
+    previous_keys = CASE WHEN @new_key::boolean THEN o.previous_keys || o.idempotency_key ELSE o.previous_keys END,
+    idempotency_key = CASE WHEN @new_key::boolean THEN gen_random_uuid() ELSE o.idempotency_key END
+FROM (
+    SELECT id, attempts FROM outbox
+    WHERE id = ANY(@ids::bigint[]) AND state = 'dead'
+      AND (NOT @new_key::boolean OR @force::boolean OR reason_class IN ('refused', 'invalid-request', 'key-reused'))
+    FOR UPDATE
+) d
+WHERE o.id = d.id
+RETURNING o.id, o.idempotency_key, d.attempts AS attempts_before;
+
+-- name: RecordRedrives :exec
+INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, actor, idempotency_key)
+SELECT e.outbox_id, 'redrive', e.attempt, @mode, @actor, e.idempotency_key
+FROM (SELECT unnest(@outbox_ids::bigint[]) AS outbox_id, unnest(@attempts::integer[]) AS attempt,
+             unnest(@idempotency_keys::uuid[]) AS idempotency_key) e;

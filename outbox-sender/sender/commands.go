@@ -1,0 +1,242 @@
+package sender
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/service"
+)
+
+// deadUsage is the help of the "dead" subcommands: the admin API's routes
+// for a person inside `docker compose exec outbox-sender`, working on the
+// database directly, so they work while no sender runs.
+const deadUsage = `usage:
+  outbox-sender dead list [--state dead|pending|delivered] [--reason-class C] [--since T] [--until T] [--limit N] [--cursor C]
+  outbox-sender dead show ID
+  outbox-sender dead redrive ID --mode retry|new-operation [--force]
+  outbox-sender dead redrive-all --mode retry|new-operation [--reason-class C] [--since T] [--until T] [--max N] [--dry-run] [--force]
+Times are RFC 3339 (2026-12-03T08:00:00Z); reason classes: ` + "%s"
+
+// deadCommand runs "outbox-sender dead ...".
+func deadCommand(actor string, timeout time.Duration) service.Command {
+	return func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error {
+		o := NewOperator(pool, actor, timeout)
+		usage := fmt.Errorf(deadUsage, strings.Join(ReasonClasses, ", "))
+		if len(args) == 0 {
+			return usage
+		}
+		switch args[0] {
+		case "list":
+			return o.listCommand(ctx, args[1:], stdout)
+		case "show":
+			id, rest, err := idArg(args[1:])
+			if err == nil && len(rest) > 0 {
+				err = fmt.Errorf("unexpected arguments %q", rest)
+			}
+			if err != nil {
+				return errors.Join(err, usage)
+			}
+			row, err := o.Get(ctx, id)
+			if err != nil {
+				return err
+			}
+			return printJSON(stdout, row)
+		case "redrive":
+			id, rest, err := idArg(args[1:])
+			if err != nil {
+				return errors.Join(err, usage)
+			}
+			fs := newFlags("dead redrive")
+			mode := fs.String("mode", "", "retry or new-operation")
+			force := fs.Bool("force", false, "new-operation even where the old key may have created a user")
+			if err := parseFlags(fs, rest); err != nil {
+				return errors.Join(err, usage)
+			}
+			if fe := checkMode(mode); fe != nil {
+				return flagError(*fe)
+			}
+			done, err := o.Redrive(ctx, id, *mode, *force)
+			if err != nil {
+				return err
+			}
+			return printJSON(stdout, done)
+		case "redrive-all":
+			return o.bulkCommand(ctx, args[1:], stdout)
+		}
+		return usage
+	}
+}
+
+func idArg(args []string) (int64, []string, error) {
+	if len(args) == 0 {
+		return 0, nil, errors.New("the outbox row's id is missing")
+	}
+	id, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || id < 1 {
+		return 0, nil, fmt.Errorf("outbox row id %q: want a positive whole number", args[0])
+	}
+	return id, args[1:], nil
+}
+
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// parseFlags parses args, which must hold flags only.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected arguments %q", fs.Name(), fs.Args())
+	}
+	return nil
+}
+
+// flagError says what the admin API would say of a field, naming the flag.
+func flagError(fields ...httpapi.FieldError) error {
+	errs := make([]error, len(fields))
+	for i, f := range fields {
+		errs[i] = fmt.Errorf("--%s: %s", strings.ReplaceAll(f.Field, "_", "-"), f.Detail)
+	}
+	return errors.Join(errs...)
+}
+
+// fieldErrors turns a validation problem into flag errors; other errors
+// pass through.
+func fieldErrors(err error) error {
+	var p *httpapi.Problem
+	if errors.As(err, &p) && len(p.Errors) > 0 {
+		return flagError(p.Errors...)
+	}
+	return err
+}
+
+// listCommand checks its flags with the admin API's own parser, so the
+// command line and GET /outbox accept exactly the same filters.
+func (o *Operator) listCommand(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("dead list")
+	q := url.Values{}
+	for _, f := range []struct{ flag, param, def, usage string }{
+		{"state", "state", "dead", "dead, pending or delivered"},
+		{"reason-class", "reason_class", "", "only rows of this reason class"},
+		{"since", "since", "", "state reached at or after this time"},
+		{"until", "until", "", "state reached before this time"},
+		{"limit", "limit", strconv.Itoa(DefaultPage), "at most this many rows"},
+		{"cursor", "cursor", "", "the next page, as the previous page printed it"},
+	} {
+		fs.Func(f.flag, f.usage, func(v string) error { q.Set(f.param, v); return nil })
+		if f.def != "" {
+			q.Set(f.param, f.def)
+		}
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	filter, err := parseFilter(q.Encode())
+	if err != nil {
+		return fieldErrors(err)
+	}
+	rows, next, err := o.List(ctx, filter)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tSINCE\tATTEMPTS\tREDRIVES\tREASON\tSTUDENT\tLAST ERROR")
+	for _, r := range rows {
+		since := r.CreatedAt
+		switch {
+		case r.DeadAt != nil:
+			since = *r.DeadAt
+		case r.DeliveredAt != nil:
+			since = *r.DeliveredAt
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.ID, r.State, since.UTC().Format(time.RFC3339),
+			r.Attempts, r.Redrives, deref(r.ReasonClass), r.Student.ID, shorten(deref(r.LastError), 80))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if next != nil {
+		fmt.Fprintf(stdout, "more rows: add --cursor %s\n", formatCursor(*next))
+	}
+	return nil
+}
+
+func (o *Operator) bulkCommand(ctx context.Context, args []string, stdout io.Writer) error {
+	f := BulkFilter{}
+	fs := newFlags("dead redrive-all")
+	mode := fs.String("mode", "", "retry or new-operation")
+	fs.StringVar(&f.ReasonClass, "reason-class", "", "only rows of this reason class")
+	since := fs.String("since", "", "dead at or after this time")
+	until := fs.String("until", "", "dead before this time")
+	fs.IntVar(&f.Max, "max", 100, "at most this many rows, oldest death first")
+	fs.BoolVar(&f.DryRun, "dry-run", false, "say what would be redriven, change nothing")
+	fs.BoolVar(&f.Force, "force", false, "new-operation even where the old key may have created a user")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var errs []httpapi.FieldError
+	if fe := checkMode(mode); fe != nil {
+		errs = append(errs, *fe)
+	} else {
+		f.Mode = *mode
+	}
+	if f.ReasonClass != "" && !slices.Contains(ReasonClasses, f.ReasonClass) {
+		errs = append(errs, httpapi.FieldError{Field: "reason_class", Detail: "want one of " + strings.Join(ReasonClasses, ", ")})
+	}
+	errs = append(errs, parseTimes(&f.DeadSince, &f.DeadUntil, "since", *since, "until", *until)...)
+	if f.Max < 1 || f.Max > MaxBulk {
+		errs = append(errs, httpapi.FieldError{Field: "max", Detail: fmt.Sprintf("must be from 1 to %d", MaxBulk)})
+	}
+	if len(errs) > 0 {
+		return flagError(errs...)
+	}
+	res, err := o.RedriveMatching(ctx, f)
+	if err != nil {
+		return err
+	}
+	return printJSON(stdout, res)
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
+}
+
+func shorten(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// cliActor names a person at the command line in the rows' histories.
+func cliActor() string {
+	host, _ := os.Hostname()
+	return "cli@" + host
+}
