@@ -23,11 +23,14 @@ import (
 
 // Patch is one broken variant.
 type Patch struct {
-	Name    string // the file name without .patch, used as E2E_BROKEN=Name
-	File    string // the source file to replace, relative to the repository root
-	Package string // the main package to rebuild, such as ./outbox-sender
-	Summary string // one line for the README and the logs
-	Edits   []Edit
+	Name string // the file name without .patch, used as E2E_BROKEN=Name
+	File string // the source file to replace, relative to the repository root
+	// Packages are the main packages to rebuild with the patched file, such
+	// as ./outbox-sender; a file shared by several binaries (a package
+	// under internal/) names each of them.
+	Packages []string
+	Summary  string // one line for the README and the logs
+	Edits    []Edit
 }
 
 // Edit replaces Find, which must occur exactly once, with Replace.
@@ -47,7 +50,10 @@ type Edit struct {
 //	lines to put in their place
 //	>>>>>>> end
 //
-// and any number of find blocks may follow.
+// and any number of find blocks may follow. A package: line may name
+// several main packages, separated by spaces, when the file is shared:
+//
+//	package: ./services/student ./services/users ./outbox-sender
 const (
 	markFind    = "<<<<<<< find"
 	markReplace = "======="
@@ -76,7 +82,7 @@ func ParsePatch(name string, text []byte) (Patch, error) {
 			case strings.HasPrefix(line, "file:"):
 				p.File = strings.TrimSpace(strings.TrimPrefix(line, "file:"))
 			case strings.HasPrefix(line, "package:"):
-				p.Package = strings.TrimSpace(strings.TrimPrefix(line, "package:"))
+				p.Packages = append(p.Packages, strings.Fields(strings.TrimPrefix(line, "package:"))...)
 			case strings.HasPrefix(line, "summary:"):
 				p.Summary = strings.TrimSpace(strings.TrimPrefix(line, "summary:"))
 			default:
@@ -105,7 +111,7 @@ func ParsePatch(name string, text []byte) (Patch, error) {
 	switch {
 	case state != header:
 		return Patch{}, fmt.Errorf("%s.patch: unterminated block", name)
-	case p.File == "" || p.Package == "":
+	case p.File == "" || len(p.Packages) == 0:
 		return Patch{}, fmt.Errorf("%s.patch: needs file: and package: lines", name)
 	case len(p.Edits) == 0:
 		return Patch{}, fmt.Errorf("%s.patch: no edits", name)

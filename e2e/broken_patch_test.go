@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,14 +20,18 @@ import (
 func TestBrokenPatchesApply(t *testing.T) {
 	names, err := PatchNames(".")
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{"sender-early-ack", "users-no-inbox"}, names)
+	require.ElementsMatch(t, []string{"no-wait-limits", "sender-early-ack", "users-no-inbox"}, names)
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			p, err := LoadPatch(".", name)
 			require.NoError(t, err)
 			require.NotEmpty(t, p.Summary)
 			work := t.TempDir()
-			overlayPath, err := p.WriteOverlay("..", work)
+			// An absolute root: go build resolves the overlay's paths from
+			// its own working directory, the repository root.
+			root, err := filepath.Abs("..")
+			require.NoError(t, err)
+			overlayPath, err := p.WriteOverlay(root, work)
 			require.NoError(t, err)
 
 			var overlay struct{ Replace map[string]string }
@@ -35,7 +40,7 @@ func TestBrokenPatchesApply(t *testing.T) {
 			require.NoError(t, json.Unmarshal(b, &overlay))
 			require.Len(t, overlay.Replace, 1)
 			for orig, copyPath := range overlay.Replace {
-				require.Equal(t, filepath.Join("..", filepath.FromSlash(p.File)), orig)
+				require.Equal(t, filepath.Join(root, filepath.FromSlash(p.File)), orig)
 				_, err := parser.ParseFile(token.NewFileSet(), copyPath, nil, parser.AllErrors)
 				require.NoError(t, err, "the patched file must still be Go")
 				patched, err := os.ReadFile(copyPath)
@@ -45,10 +50,24 @@ func TestBrokenPatchesApply(t *testing.T) {
 
 			goCmd := goCommand()
 			pkg := "./" + path.Dir(p.File)
-			cmd := exec.Command(goCmd, "build", "-overlay", overlayPath, pkg)
-			cmd.Dir = ".."
+			// With the suite's build tag, as the harness builds it.
+			cmd := exec.Command(goCmd, "build", "-tags", "crashpoints", "-overlay", overlayPath, pkg)
+			cmd.Dir = root
 			out, err := cmd.CombinedOutput()
 			require.NoError(t, err, "go build -overlay %s %s:\n%s", overlayPath, pkg, out)
+
+			// The harness rebuilds exactly the binaries the package: line
+			// names. Each must contain the patched package, and no shipped
+			// binary that contains it may be left out, or it would run the
+			// good code in a broken build.
+			patched := module + "/" + path.Dir(p.File)
+			var want []string
+			for _, bin := range shippedBinaries {
+				if slices.Contains(goList(t, "-deps", bin), patched) {
+					want = append(want, bin)
+				}
+			}
+			require.ElementsMatch(t, want, p.Packages, "the package: line of %s.patch must name every binary built from %s", name, p.File)
 		})
 	}
 }
@@ -56,8 +75,12 @@ func TestBrokenPatchesApply(t *testing.T) {
 func TestParsePatch(t *testing.T) {
 	p, err := ParsePatch("x", []byte("# why\nfile: a/b.go\npackage: ./a\nsummary: s\n<<<<<<< find\nold()\n=======\nnew()\nnewer()\n>>>>>>> end\n"))
 	require.NoError(t, err)
-	require.Equal(t, Patch{Name: "x", File: "a/b.go", Package: "./a", Summary: "s",
+	require.Equal(t, Patch{Name: "x", File: "a/b.go", Packages: []string{"./a"}, Summary: "s",
 		Edits: []Edit{{Find: "old()\n", Replace: "new()\nnewer()\n"}}}, p)
+
+	shared, err := ParsePatch("y", []byte("file: internal/c/c.go\npackage: ./a  ./b\n<<<<<<< find\nold()\n=======\n>>>>>>> end\n"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"./a", "./b"}, shared.Packages, "a shared file names every binary it is part of")
 
 	out, err := p.Apply([]byte("func f() {\nold()\n}\n"))
 	require.NoError(t, err)

@@ -40,6 +40,12 @@ type scenarioOptions struct {
 	httpFaults  bool   // put the 5xx-injecting HTTP proxy in front of Users
 	ownClusters bool   // fresh clusters for this scenario alone (it restarts them)
 	usersCrash  string // CRASH_POINT for Users' first run
+	usersPause  string // PAUSE_POINT for Users' first run
+	// senderDBProxy and usersDBProxy put a dbProxy, which can freeze, between
+	// the sender(s) and Student's database, or between Users and its own.
+	// Student and the checker always connect directly.
+	senderDBProxy bool
+	usersDBProxy  bool
 	// latency delays every answer from Users by this much (±50%), as a
 	// real network would. It widens the window in which a request is in
 	// flight, so that a random kill lands on one rather than on an idle
@@ -88,6 +94,9 @@ type scenario struct {
 	toxi           *faultProxy
 	faults         *httpFaults // nil unless opts.httpFaults
 	client         *http.Client
+	senderDBProxy  *dbProxy // nil unless opts.senderDBProxy
+	senderDBURL    string   // Student's database as the sender reaches it
+	usersDBProxy   *dbProxy // nil unless opts.usersDBProxy
 
 	loads       []*studentLoad
 	foreignKeys []string
@@ -97,6 +106,12 @@ type scenario struct {
 	afterChecks []func(Report)
 	notes       []string
 	violations  []string
+	// drain is how long the system took from the network's heal until every
+	// student was linked (scenarios 11 to 13); settleWait overrides settle's
+	// 90s wait for the outbox to empty, once a scenario has already seen it
+	// fail to.
+	drain      time.Duration
+	settleWait time.Duration
 }
 
 // scenarioOutcome is what a scenario run found.
@@ -104,6 +119,7 @@ type scenarioOutcome struct {
 	report     Report
 	violations []string
 	duration   time.Duration
+	drain      time.Duration // 0 unless the scenario measures one
 }
 
 var dbCounter atomic.Int64
@@ -122,7 +138,7 @@ func runScenario(t *testing.T, def scenarioDef, bins buildSet) scenarioOutcome {
 	if len(out.violations) > 0 {
 		verdict = fmt.Sprintf("FAIL (%d)", len(out.violations))
 	}
-	recordResult(scenarioResult{name: def.id, build: bins.label, verdict: verdict, duration: out.duration, report: out.report})
+	recordResult(scenarioResult{name: def.id, build: bins.label, verdict: verdict, duration: out.duration, drain: out.drain, report: out.report})
 	t.Logf("%s finished in %s: %s", def.id, out.duration.Round(100*time.Millisecond), verdict)
 	return out
 }
@@ -163,14 +179,26 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 	s.studentDB = s.pool(s.studentURL)
 	s.usersDB = s.pool(s.usersURL)
 
+	usersDBURL := s.usersURL
+	if def.opts.usersDBProxy {
+		s.usersDBProxy, usersDBURL = newDBProxy(t, s.dir, "users-db", s.usersURL)
+	}
+	s.senderDBURL = s.studentURL
+	if def.opts.senderDBProxy {
+		s.senderDBProxy, s.senderDBURL = newDBProxy(t, s.dir, "sender-db", s.studentURL)
+	}
+
 	s.usersAddr = freeAddr(t)
 	s.users = s.newProc("users", bins.users, "http://"+s.usersAddr+"/readyz",
-		"USERS_HTTP_ADDR="+s.usersAddr, "USERS_DATABASE_URL="+s.usersURL, "USERS_INBOX_RETENTION=168h", "LOG_LEVEL=info")
+		"USERS_HTTP_ADDR="+s.usersAddr, "USERS_DATABASE_URL="+usersDBURL, "USERS_INBOX_RETENTION=168h", "LOG_LEVEL=info")
+	var usersExtra []string
 	if def.opts.usersCrash != "" {
-		s.startProc(s.users, "CRASH_POINT="+def.opts.usersCrash)
-	} else {
-		s.startProc(s.users)
+		usersExtra = append(usersExtra, "CRASH_POINT="+def.opts.usersCrash)
 	}
+	if def.opts.usersPause != "" {
+		usersExtra = append(usersExtra, "PAUSE_POINT="+def.opts.usersPause)
+	}
+	s.startProc(s.users, usersExtra...)
 
 	upstream := s.usersAddr
 	if def.opts.httpFaults {
@@ -271,7 +299,7 @@ func (s *scenario) newSender() *proc {
 	n := len(s.senders) + 1
 	admin := freeAddr(s.t)
 	env := append([]string{
-		"SENDER_DATABASE_URL=" + s.studentURL,
+		"SENDER_DATABASE_URL=" + s.senderDBURL,
 		"SENDER_USERS_URL=http://" + s.toxi.addr(),
 		"SENDER_ADMIN_ADDR=" + admin,
 		"SENDER_ID=sender-" + strconv.Itoa(n),
@@ -389,7 +417,11 @@ func (s *scenario) settle() scenarioOutcome {
 		}
 	}
 	settleStart := time.Now()
-	if s.eventually(90*time.Second, "no outbox row is pending", func() bool {
+	settleWait := 90 * time.Second
+	if s.settleWait > 0 {
+		settleWait = s.settleWait
+	}
+	if s.eventually(settleWait, "no outbox row is pending", func() bool {
 		return s.count(s.studentDB, "SELECT count(*) FROM outbox WHERE state = 'pending'") == 0
 	}) {
 		s.note("quiet %s after the last fault and load", time.Since(settleStart).Round(100*time.Millisecond))
@@ -435,7 +467,7 @@ func (s *scenario) settle() scenarioOutcome {
 	}
 	t.Log(b.String())
 	_ = os.WriteFile(filepath.Join(s.dir, "report.txt"), []byte(b.String()), 0o644)
-	return scenarioOutcome{report: rep, violations: v}
+	return scenarioOutcome{report: rep, violations: v, drain: s.drain}
 }
 
 // checkAPI compares what Student's API shows for each acknowledged student
@@ -485,4 +517,163 @@ func (s *scenario) checkAPI(rep Report, st State) []string {
 		v = append(v, fmt.Sprintf("... and %d more students whose API view disagrees", bad-3))
 	}
 	return v
+}
+
+// The frozen-connection scenarios (11 to 13): how long the network stays
+// frozen, and the bound on the drain after it heals. The bound is the
+// issue's promise: with the limits of internal/database (a session idle in a
+// transaction is ended after 10s) the system is linked again within it.
+const (
+	freezeHold = 5 * time.Second
+	drainBound = 60 * time.Second
+)
+
+// caughtSession is a database session the freeze caught inside a
+// transaction: the server still has it, idle, with its locks.
+type caughtSession struct {
+	pid  int32
+	idle time.Duration // since its last statement, when the network healed
+}
+
+// freezeAtPause waits until p holds still at its pause point, freezes px
+// (every connection through it stops; the one p holds sends its next
+// statement into the freeze), keeps the network frozen for freezeHold and
+// heals it. It returns when it healed and the sessions that the freeze left
+// inside a transaction, read from db's pg_stat_activity. With wantTx, a
+// freeze that caught no transaction is a violation: the scenario would not
+// have tested what it claims.
+func (s *scenario) freezeAtPause(p *proc, point string, px *dbProxy, db *pgxpool.Pool, wantTx bool) (healed time.Time, caught []caughtSession, ok bool) {
+	marker := "pausepoint: " + point + " reached"
+	if !s.waitLog(p, marker, 45*time.Second) {
+		s.violate("%s never reached pause point %s within 45s", p.name, point)
+		return time.Time{}, nil, false
+	}
+	px.freeze()
+	time.Sleep(freezeHold)
+	caught = s.sessionsInTx(db, px.app)
+	px.heal()
+	healed = time.Now()
+	dirs, bytes := px.caught()
+	pids := make([]string, len(caught))
+	for i, c := range caught {
+		pids[i] = fmt.Sprintf("pid %d idle %s", c.pid, c.idle.Round(100*time.Millisecond))
+	}
+	s.note("%s held still at %s; the network to its database froze meanwhile and healed %s later: %d connection directions caught, %d bytes dropped; sessions left inside a transaction: %d %v",
+		p.name, point, freezeHold, dirs, bytes, len(caught), pids)
+	if dirs == 0 {
+		s.violate("the freeze caught no connection: %s sent nothing into it", p.name)
+	}
+	if wantTx && len(caught) == 0 {
+		s.violate("the freeze caught no session inside a transaction, so the scenario did not test a frozen transaction")
+	}
+	return healed, caught, true
+}
+
+// drainAfterHeal waits until every load has been answered and every
+// student is linked, at most drainBound after healed, and records how long
+// it took. It also follows the sessions the freeze caught inside a
+// transaction: each must have been ended by the server by then, or its
+// locks would hold rows for ever.
+func (s *scenario) drainAfterHeal(healed time.Time, db *pgxpool.Pool, caught []caughtSession) {
+	pids := make([]int32, len(caught))
+	for i, c := range caught {
+		pids[i] = c.pid
+	}
+	var sessionsEnded time.Duration
+	left := len(caught)
+	drained := false
+	for time.Since(healed) < drainBound {
+		if left > 0 {
+			// count is -1 while the database does not answer: keep the last.
+			if n := s.count(db, fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY('{%s}'::int[])", joinInts(pids))); n >= 0 {
+				if left = n; left == 0 {
+					sessionsEnded = time.Since(healed)
+				}
+			}
+		}
+		if s.loadsDone() &&
+			s.count(s.studentDB, "SELECT count(*) FROM students WHERE user_id IS NULL") == 0 &&
+			s.count(s.studentDB, "SELECT count(*) FROM outbox WHERE state = 'pending'") == 0 {
+			drained = true
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	d := time.Since(healed)
+	if len(caught) > 0 && left == 0 {
+		s.note("the server ended the %d session(s) caught in a transaction %s after the heal", len(caught), sessionsEnded.Round(100*time.Millisecond))
+	}
+	if left > 0 {
+		s.violate("%d of the %d session(s) the freeze caught inside a transaction are still open %s after the heal, holding their locks: nothing ends them",
+			left, len(caught), d.Round(time.Second))
+	}
+	if !drained {
+		s.violate("not drained within %s of the heal: %d students unlinked, %d outbox rows pending", drainBound,
+			s.count(s.studentDB, "SELECT count(*) FROM students WHERE user_id IS NULL"),
+			s.count(s.studentDB, "SELECT count(*) FROM outbox WHERE state = 'pending'"))
+		// settle would wait its 90s for the same rows: the verdict is in.
+		s.settleWait = 5 * time.Second
+		return
+	}
+	s.drain = d
+	s.note("drained: every student linked %s after the heal (bound %s)", d.Round(100*time.Millisecond), drainBound)
+}
+
+func joinInts(xs []int32) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(int(x))
+	}
+	return strings.Join(s, ",")
+}
+
+// sessionsInTx lists the sessions of application app that sit idle inside
+// a transaction (or an aborted one).
+func (s *scenario) sessionsInTx(db *pgxpool.Pool, app string) []caughtSession {
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+	defer cancel()
+	rows, err := db.Query(ctx, `SELECT pid, (extract(epoch FROM now() - state_change) * 1000)::bigint
+		FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1 AND state LIKE 'idle in transaction%'
+		ORDER BY pid`, app)
+	if err != nil {
+		s.violate("read pg_stat_activity: %v", err)
+		return nil
+	}
+	var out []caughtSession
+	for rows.Next() {
+		var c caughtSession
+		var ms int64
+		if err := rows.Scan(&c.pid, &ms); err != nil {
+			s.violate("read pg_stat_activity: %v", err)
+			return nil
+		}
+		c.idle = time.Duration(ms) * time.Millisecond
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		s.violate("read pg_stat_activity: %v", err)
+	}
+	return out
+}
+
+func (s *scenario) loadsDone() bool {
+	for _, l := range s.loads {
+		if !closed(l.done) {
+			return false
+		}
+	}
+	return true
+}
+
+// waitLog polls p's log until it has marker.
+func (s *scenario) waitLog(p *proc, marker string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for !p.logContains(marker) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }

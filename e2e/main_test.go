@@ -51,6 +51,7 @@ type scenarioResult struct {
 	build    string
 	verdict  string
 	duration time.Duration
+	drain    time.Duration // from the heal until every student was linked; 0 if not measured
 	report   Report
 }
 
@@ -152,21 +153,26 @@ func buildAll() error {
 			return err
 		}
 		out := filepath.Join(suite.work, "broken-"+name)
-		if err := goBuild(out, overlay, p.Package); err != nil {
+		// Every binary the patched file is part of is rebuilt with it (a
+		// file under internal/ may be in all three); the others are the
+		// good build's.
+		if err := goBuild(out, overlay, p.Packages...); err != nil {
 			return fmt.Errorf("build broken variant %s: %w", name, err)
 		}
 		b := suite.good
 		b.label = name
-		built := filepath.Join(out, filepath.Base(p.Package))
-		switch p.Package {
-		case "./outbox-sender":
-			b.sender = built
-		case "./services/users":
-			b.users = built
-		case "./services/student":
-			b.student = built
-		default:
-			return fmt.Errorf("broken variant %s: unknown package %s", name, p.Package)
+		for _, pkg := range p.Packages {
+			built := filepath.Join(out, filepath.Base(pkg))
+			switch pkg {
+			case "./outbox-sender":
+				b.sender = built
+			case "./services/users":
+				b.users = built
+			case "./services/student":
+				b.student = built
+			default:
+				return fmt.Errorf("broken variant %s: unknown package %s", name, pkg)
+			}
 		}
 		suite.broken[name] = b
 		fmt.Printf("e2e: built broken variant %s (%s)\n", name, p.Summary)
@@ -223,11 +229,15 @@ func printSummary(total time.Duration) {
 	}
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "scenario\tbuild\tverdict\ttime\tstudents\tlinked\tdead\tlost\tdup\tmislinked\tunexpected\tusers\tredeliveries\treplays")
+	fmt.Fprintln(w, "scenario\tbuild\tverdict\ttime\tdrain\tstudents\tlinked\tdead\tlost\tdup\tmislinked\tunexpected\tusers\tredeliveries\treplays")
 	for _, r := range suite.results {
 		p := r.report
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n",
-			r.name, r.build, r.verdict, r.duration.Round(100*time.Millisecond),
+		drain := "-"
+		if r.drain > 0 {
+			drain = r.drain.Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n",
+			r.name, r.build, r.verdict, r.duration.Round(100*time.Millisecond), drain,
 			p.Students, p.Linked, p.Dead, p.Lost, p.Duplicated, p.Mislinked, p.Unexpected, p.Users, p.Redeliveries, p.Replays)
 	}
 	_ = w.Flush()

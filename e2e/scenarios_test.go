@@ -15,7 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// scenarios are the ten faults of the issue, in order. Each builds a fresh
+// scenarios are the faults of the issues, in order: the ten of the first,
+// and three frozen database connections (11 to 13). Each builds a fresh
 // system, breaks it, heals it, and leaves the verdict to the checker. They
 // run one after another: with two cores, running them side by side would
 // turn timing into the thing under test.
@@ -40,6 +41,12 @@ var scenarios = []scenarioDef{
 		opts: scenarioOptions{senders: 1}, run: poisonRow},
 	{id: "10-idempotent-bursts", title: "bursts of identical POST /users with one key, straight at Users",
 		opts: scenarioOptions{senders: 0}, run: idempotentBursts},
+	{id: "11-frozen-record", title: "the sender's connection to Student's database freezes inside its recording transaction",
+		opts: scenarioOptions{senders: 0, senderDBProxy: true}, run: frozenRecord},
+	{id: "12-frozen-claim", title: "the sender's connection to Student's database freezes as it sends a claim",
+		opts: scenarioOptions{senders: 0, senderDBProxy: true}, run: frozenClaim},
+	{id: "13-frozen-inbox", title: "Users' connection to its database freezes inside an inbox transaction",
+		opts: scenarioOptions{senders: 1, usersDBProxy: true, usersPause: "users-in-inbox-tx@20"}, run: frozenInbox},
 }
 
 // TestFaults runs every scenario against the real binaries.
@@ -384,4 +391,73 @@ func (s *scenario) postUserUntilAnswered(key string, body []byte) (userAnswer, b
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// The frozen-connection scenarios. A network path to PostgreSQL stops
+// forwarding without closing (dbProxy.freeze) while a process holds still at
+// a pause point inside a transaction or just before a statement, so that its
+// connection is caught in exactly that state; after freezeHold (5s) the
+// network heals. Connections caught in the freeze stay broken, as behind a
+// NAT or firewall that forgot them: the client gives up, but neither its
+// statements nor its goodbye ever reach the server. New connections work.
+//
+// Without limits the server keeps a caught session "idle in transaction",
+// with its row locks, for hours, and a client without a deadline waits for
+// an answer for ever. The limits of internal/database end such a session
+// after 10s (idle_in_transaction_session_timeout) and bound every
+// transaction and read on the client (database.WithDeadline), so the system
+// must drain within drainBound (60s) of the heal: every student linked,
+// nothing lost, nothing duplicated.
+
+// 11. The sender holds still inside its recording transaction, after it has
+// linked students and rescheduled rows and before it commits
+// (PAUSE_POINT=sender-in-record@5). The network to Student's database
+// freezes; the commit goes into the freeze. The open transaction locks the
+// batch's outbox rows and students: the sender's later attempts to record
+// the same answers wait on those locks, and its claims skip the rows (SKIP
+// LOCKED) until the server ends the session.
+func frozenRecord(s *scenario) {
+	l := s.startLoad(150, 5*time.Second)
+	sender := s.newSender()
+	s.startProc(sender, "PAUSE_POINT=sender-in-record@5")
+	healed, caught, ok := s.freezeAtPause(sender, "sender-in-record", s.senderDBProxy, s.studentDB, true)
+	if ok {
+		s.drainAfterHeal(healed, s.studentDB, caught)
+	}
+	l.wait(time.Minute)
+}
+
+// 12. The sender holds still just before a claim
+// (PAUSE_POINT=sender-before-claim@10); the network to Student's database
+// freezes, and the claim (or the pool's ping before it) goes into it. A
+// claim is one statement outside any transaction; its deadline
+// (database.WithDeadline, SENDER_DATABASE_TIMEOUT) makes the sender abandon
+// the caught connection and claim again on a new one once the network is
+// back. The server session left behind is idle and holds no lock. Without
+// the deadline the claimer would wait for the answer for ever.
+func frozenClaim(s *scenario) {
+	l := s.startLoad(150, 5*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	sender := s.newSender()
+	s.startProc(sender, "PAUSE_POINT=sender-before-claim@10")
+	healed, caught, ok := s.freezeAtPause(sender, "sender-before-claim", s.senderDBProxy, s.studentDB, false)
+	if ok {
+		s.drainAfterHeal(healed, s.studentDB, caught)
+	}
+	l.wait(time.Minute)
+}
+
+// 13. Users holds still inside an inbox transaction, after it has claimed
+// the key and inserted the user and before it stores the answer and commits
+// (PAUSE_POINT=users-in-inbox-tx@20). The network to Users' database
+// freezes. The open transaction holds the key's row lock: every retry of
+// that key waits for it (then 409 key in progress) until the server ends
+// the session; then the retry creates the user, once.
+func frozenInbox(s *scenario) {
+	l := s.startLoad(150, 5*time.Second)
+	healed, caught, ok := s.freezeAtPause(s.users, "users-in-inbox-tx", s.usersDBProxy, s.usersDB, true)
+	if ok {
+		s.drainAfterHeal(healed, s.usersDB, caught)
+	}
+	l.wait(time.Minute)
 }
