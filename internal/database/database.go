@@ -182,9 +182,13 @@ func unavailable(err error) bool {
 		netErr     net.Error
 	)
 	switch {
+	case errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "3D000"):
+		// A wrong password or role, or a database that does not exist: a
+		// misconfiguration, which waiting and retrying will not cure.
+		return false
 	case errors.As(err, &connectErr):
-		// Any failure to connect, whatever its cause (refused, timed out,
-		// the server starting up, too many connections).
+		// Any other failure to connect (refused, timed out, the server
+		// starting up, too many connections).
 		return true
 	case errors.As(err, &pgErr):
 		// The server answered: only these codes mean it could not serve.

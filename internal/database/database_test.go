@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"testing"
 	"time"
 
@@ -182,6 +183,8 @@ func TestClassify(t *testing.T) {
 		{"broken connection", fmt.Errorf("insert: %w", &net.OpError{Op: "read", Err: errors.New("connection reset by peer")}), true},
 		{"closed connection", fmt.Errorf("insert: %w", pgconn.ErrConnClosed), true},
 		{"anything else", errors.New("encode payload: bad"), false},
+		{"refused login", &pgconn.PgError{Code: "28P01"}, false},
+		{"no such database", &pgconn.PgError{Code: "3D000"}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -204,4 +207,19 @@ func TestWithDeadline(t *testing.T) {
 		require.True(t, ok)
 		require.WithinDuration(t, time.Now().Add(want), deadline, time.Second)
 	}
+}
+
+// TestMisconfigurationIsNotAnOutage: a database that does not exist is a
+// mistake to fix, not an outage to wait out, so it is not "unavailable"
+// (a 500, not a 503 with Retry-After).
+func TestMisconfigurationIsNotAnOutage(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(pgtest.ServerURL(t))
+	require.NoError(t, err)
+	u.Path = "/no_such_database_here"
+	pool := open(t, u.String(), Limits{StatementTimeout: time.Second})
+	err = pool.Ping(context.Background())
+	var connectErr *pgconn.ConnectError
+	require.ErrorAs(t, err, &connectErr)
+	require.NotErrorIs(t, Classify(err), ErrUnavailable)
 }
