@@ -168,15 +168,35 @@ func TestUnknownRouteAndMethodAreProblems(t *testing.T) {
 	t.Parallel()
 	r := NewRouter(slog.New(slog.DiscardHandler), func(context.Context) error { return nil })
 	r.Post("/x", Handle(func(http.ResponseWriter, *http.Request) error { return nil }))
+	r.Get("/x", Handle(func(w http.ResponseWriter, _ *http.Request) error {
+		return WriteJSON(w, http.StatusOK, map[string]string{"x": "y"})
+	}))
 	for _, tt := range []struct {
 		method, path string
 		status       int
-	}{{http.MethodGet, "/nowhere", 404}, {http.MethodDelete, "/x", 405}} {
+		allow        string
+	}{{http.MethodGet, "/nowhere", 404, ""}, {http.MethodDelete, "/x", 405, "GET, HEAD, POST"}, {http.MethodPost, "/healthz", 405, "GET, HEAD"}} {
 		w := httptest.NewRecorder()
 		r.ServeHTTP(w, httptest.NewRequest(tt.method, tt.path, nil))
 		require.Equal(t, tt.status, w.Code)
 		require.Equal(t, ProblemContentType, w.Header().Get("Content-Type"))
+		require.Equal(t, tt.allow, w.Header().Get("Allow"), "%s %s", tt.method, tt.path)
 	}
+}
+
+// TestHeadWhereverGet: HEAD is answered by the GET route, without a body.
+func TestHeadWhereverGet(t *testing.T) {
+	t.Parallel()
+	r := NewRouter(slog.New(slog.DiscardHandler), func(context.Context) error { return nil })
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodHead, srv.URL+"/healthz", http.NoBody)
+	require.NoError(t, err)
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
 }
 
 // TestWriteOutcome: a stored success is JSON, a stored refusal a problem,

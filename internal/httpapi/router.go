@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 )
 
 // NewRouter returns a router with what every HTTP server of the project
@@ -19,9 +21,10 @@ import (
 // backed by ping.
 func NewRouter(log *slog.Logger, ping func(context.Context) error) chi.Router {
 	r := chi.NewRouter()
-	r.Use(LogRequests(log), recoverPanics)
+	// HEAD is answered wherever GET is (net/http drops the body).
+	r.Use(LogRequests(log), recoverPanics, middleware.GetHead)
 	r.NotFound(notFound)
-	r.MethodNotAllowed(methodNotAllowed)
+	r.MethodNotAllowed(methodNotAllowed(r))
 	r.Get("/healthz", Handle(healthz))
 	r.Get("/readyz", Handle(readyz(ping)))
 	return r
@@ -34,11 +37,23 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func methodNotAllowed(w http.ResponseWriter, r *http.Request) {
-	Render(w, r, &Problem{
-		Type: TypeMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
-		Detail: r.Method + " is not supported on " + r.URL.Path,
-	})
+// methodNotAllowed answers 405 with the Allow header RFC 9110 asks for:
+// the methods routes has for the path.
+func methodNotAllowed(routes chi.Routes) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var allow []string
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+			if routes.Match(chi.NewRouteContext(), m, r.URL.Path) ||
+				m == http.MethodHead && routes.Match(chi.NewRouteContext(), http.MethodGet, r.URL.Path) {
+				allow = append(allow, m)
+			}
+		}
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		Render(w, r, &Problem{
+			Type: TypeMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
+			Detail: r.Method + " is not supported on " + r.URL.Path + "; allowed: " + strings.Join(allow, ", "),
+		})
+	}
 }
 
 // healthz answers 200 while the process is up.
