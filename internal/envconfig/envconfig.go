@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -107,6 +109,42 @@ func (r *Reader) DatabaseURL(name, def string) string {
 		r.errs = append(r.errs, fmt.Errorf("%s: not a connection URL pgx accepts (the value is not shown: it may hold a password)", name))
 	}
 	return v
+}
+
+// Secret returns a secret given either in the variable name or, for Docker
+// and Kubernetes secrets, in the file named by name+"_FILE" (one trailing
+// newline is dropped). Setting both is an error. The value is never echoed
+// in an error. An unset secret is "": the caller decides, with Require,
+// whether that is allowed.
+func (r *Reader) Secret(name string) string {
+	v, inline := r.lookup(name, "")
+	path, fromFile := r.lookup(name+"_FILE", "")
+	switch {
+	case inline && fromFile:
+		r.errs = append(r.errs, fmt.Errorf("%s and %s_FILE are both set: set one (the values are not shown)", name, name))
+		return ""
+	case fromFile:
+		b, err := os.ReadFile(path)
+		if err != nil {
+			// The path is not secret; the error from os names the path only.
+			r.errs = append(r.errs, fmt.Errorf("%s_FILE=%q: %w", name, path, errors.Unwrap(err)))
+			return ""
+		}
+		v = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+		if v == "" {
+			r.errs = append(r.errs, fmt.Errorf("%s_FILE=%q: the file is empty", name, path))
+		}
+		return v
+	}
+	return v
+}
+
+// Require records an error naming name when v is empty: for a variable
+// (or its _FILE form) that has no default.
+func (r *Reader) Require(name, v, why string) {
+	if v == "" {
+		r.errs = append(r.errs, fmt.Errorf("%s (or %s_FILE) is required: %s", name, name, why))
+	}
 }
 
 // Int returns the variable as an integer within [lo, hi].

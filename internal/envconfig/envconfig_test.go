@@ -1,6 +1,7 @@
 package envconfig
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -60,4 +61,33 @@ func TestDefaultsAreRecorded(t *testing.T) {
 	require.Zero(t, computed, "a default is computed only when needed")
 	require.Equal(t, []Var{{"B_WAIT", 5 * time.Second}, {"B_N", 3}, {"B_ID", "hostname-pid"}}, r.Vars())
 	require.Equal(t, []string{"B_WAIT", "B_N", "B_ID"}, r.Names())
+}
+
+// TestSecretFromVariableOrFile: a secret comes from NAME or NAME_FILE, never
+// both, and no error shows its value.
+func TestSecretFromVariableOrFile(t *testing.T) {
+	t.Parallel()
+	file := t.TempDir() + "/pw"
+	require.NoError(t, os.WriteFile(file, []byte("s3cret-from-file\n"), 0o600))
+
+	r := New(env("A_PASSWORD_FILE", file))
+	require.Equal(t, "s3cret-from-file", r.Secret("A_PASSWORD"))
+	require.NoError(t, r.Err())
+
+	r = New(env("A_PASSWORD", "s3cret-inline"))
+	require.Equal(t, "s3cret-inline", r.Secret("A_PASSWORD"))
+	require.NoError(t, r.Err())
+
+	r = New(env("A_PASSWORD", "s3cret-inline", "A_PASSWORD_FILE", file))
+	r.Secret("A_PASSWORD")
+	require.ErrorContains(t, r.Err(), "A_PASSWORD and A_PASSWORD_FILE are both set")
+	require.NotContains(t, r.Err().Error(), "s3cret")
+
+	r = New(env("A_PASSWORD_FILE", file+".missing"))
+	r.Secret("A_PASSWORD")
+	require.ErrorContains(t, r.Err(), "A_PASSWORD_FILE=")
+
+	r = New(env())
+	r.Require("A_PASSWORD", r.Secret("A_PASSWORD"), "the role has no other way in")
+	require.ErrorContains(t, r.Err(), "A_PASSWORD (or A_PASSWORD_FILE) is required")
 }
