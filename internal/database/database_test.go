@@ -97,9 +97,12 @@ func TestIdleInTransactionSessionIsEnded(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	// Taken before the query: the server's idle clock starts when it has
+	// answered, which on a loaded machine can be well before this client
+	// reads the answer, so a clock started after it would run short.
+	started := time.Now()
 	var pid int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT pg_advisory_xact_lock(42)) AS locked").Scan(&pid))
-	started := time.Now()
 
 	// The transaction now sits idle, holding the lock. Another session
 	// gets it once the server has ended the idle one.
