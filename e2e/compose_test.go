@@ -31,6 +31,7 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/services/users/usersvc"
@@ -65,15 +66,29 @@ type binary struct {
 	pkg     string // the package the Dockerfile must build
 	addrVar string // the variable holding its listen address
 	dbVar   string // the variable holding its database URL
-	load    func(getenv func(string) string) (appConfig, error)
+	// role is the database role the binary runs as, whose password comes
+	// from passwordVar (or its _FILE form).
+	role, passwordVar string
+	// migrateVar holds "migrate"'s administrator URL ("" for a binary
+	// without migrations), and logins are the runtime roles that
+	// "migrate" gives a password.
+	migrateVar string
+	logins     []login
+	load       func(getenv func(string) string) (appConfig, error)
 }
+
+// login is a runtime role "migrate" sets the password of: from
+// passwordVar, which must be the secret the binary running as the role
+// logs in with.
+type login struct{ role, passwordVar, binary string }
 
 // appConfig is the part of a binary's Config the checks compare across
 // services.
 type appConfig struct {
-	names []string // every variable the binary reads
-	addr  string
-	dbURL string
+	names      []string // every variable the binary reads
+	addr       string
+	dbURL      string
+	migrateURL string // "" for a binary without migrations
 }
 
 // binaries is keyed by binary name: `go build -o dir/ ./services/student`
@@ -81,20 +96,28 @@ type appConfig struct {
 var binaries = map[string]binary{
 	"student": {
 		pkg: "./services/student", addrVar: "STUDENT_HTTP_ADDR", dbVar: "STUDENT_DATABASE_URL",
+		role: migrations.StudentApp, passwordVar: "STUDENT_DATABASE_PASSWORD", migrateVar: "STUDENT_MIGRATE_DATABASE_URL",
+		logins: []login{
+			{migrations.StudentApp, "STUDENT_DATABASE_PASSWORD", "student"},
+			{migrations.OutboxSender, "SENDER_DATABASE_PASSWORD", "outbox-sender"},
+		},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := studentsvc.LoadConfig(getenv)
-			return appConfig{names: r.Names(), addr: c.HTTPAddr, dbURL: c.DatabaseURL}, err
+			return appConfig{names: r.Names(), addr: c.HTTPAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
 		},
 	},
 	"users": {
 		pkg: "./services/users", addrVar: "USERS_HTTP_ADDR", dbVar: "USERS_DATABASE_URL",
+		role: migrations.UsersApp, passwordVar: "USERS_DATABASE_PASSWORD", migrateVar: "USERS_MIGRATE_DATABASE_URL",
+		logins: []login{{migrations.UsersApp, "USERS_DATABASE_PASSWORD", "users"}},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := usersvc.LoadConfig(getenv)
-			return appConfig{names: r.Names(), addr: c.HTTPAddr, dbURL: c.DatabaseURL}, err
+			return appConfig{names: r.Names(), addr: c.HTTPAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
 		},
 	},
 	"outbox-sender": {
 		pkg: "./outbox-sender", addrVar: "SENDER_ADMIN_ADDR", dbVar: "SENDER_DATABASE_URL",
+		role: migrations.OutboxSender, passwordVar: "SENDER_DATABASE_PASSWORD",
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := sender.LoadConfig(getenv)
 			return appConfig{names: r.Names(), addr: c.AdminAddr, dbURL: c.DatabaseURL}, err
@@ -118,12 +141,14 @@ var checks = []check{
 	{"environment", checkEnvironment},
 	{"ports", checkPorts},
 	{"database URLs", checkDatabases},
+	{"database roles and secrets", checkRoleSecrets},
 	{"users URL", checkUsersURL},
 	{"start order", checkStartOrder},
 	{"healthchecks", checkHealthchecks},
 	{"depends_on conditions", checkDependsOnConditions},
 	{"inbox outlasts sender retries", checkRetention},
 	{"users answers before the sender gives up", checkWaitsNest},
+	{"callers authenticate", checkCallers},
 }
 
 func TestCompose(t *testing.T) {
@@ -156,7 +181,10 @@ services:
     build: .
     command: ["student", "migrate"]
     environment:
-      STUDENT_DATABASE_URL: postgres://postgres:pw@student-db:5432/students
+      STUDENT_MIGRATE_DATABASE_URL: postgres://postgres:wrong@student-db:5432/students
+      STUDENT_DATABASE_PASSWORD_FILE: /run/secrets/student_app_password
+      SENDER_DATABASE_PASSWORD_FILE: /run/secrets/outbox_sender_password
+    secrets: [student_app_password, outbox_sender_password]
     depends_on: [student-db]
   student:
     build: .
@@ -166,6 +194,7 @@ services:
       STUDENT_HTTP_ADDR: ":8080"
       STUDENT_HTTP_PORT: "8080"
       STUDENT_IDEMPOTENCY_WAIT: forever
+    secrets: [outbox_sender_password]
     ports: ["8080:9090"]
     depends_on: [student-migrate]
     healthcheck:
@@ -178,6 +207,7 @@ services:
       USERS_HTTP_ADDR: ":9091"
       USERS_INBOX_RETENTION: 24h
       USERS_IDEMPOTENCY_WAIT: 3s
+      USERS_API_TOKENS: outbox-sender:users-knows-this-token-0123
     ports: ["9091:9091"]
     healthcheck:
       test: curl -f http://localhost:9091/readyz
@@ -185,16 +215,41 @@ services:
     build: .
     command: ["outbox-sender"]
     environment:
-      SENDER_DATABASE_URL: postgres://postgres:pw@users-db:5432/users
+      SENDER_DATABASE_URL: postgres://postgres@users-db:5432/users
+      SENDER_DATABASE_PASSWORD_FILE: /run/secrets/other_sender_password
       SENDER_USERS_URL: http://users:8081
       SENDER_MAX_AGE: 48h
       SENDER_REQUEST_TIMEOUT: 2s
+      SENDER_USERS_TOKEN: the-sender-has-another-token-0123
+    secrets: [other_sender_password]
     depends_on:
       users:
         condition: service_started
+  outbox-sender-2:
+    build: .
+    command: ["outbox-sender"]
+    environment:
+      SENDER_DATABASE_URL: postgres://postgres:pw@student-db:5432/student
+  users-2:
+    build: .
+    command: ["users"]
+  users-migrate-2:
+    build: .
+    command: ["users", "migrate"]
+    environment:
+      USERS_API_TOKENS: outbox-sender:users-knows-this-token-0123
   worker:
     build: .
     command: ["outbox-worker"]
+secrets:
+  student_app_password:
+    file: deploy/secrets/student_app_password.txt
+  outbox_sender_password:
+    file: deploy/secrets/outbox_sender_password.txt
+  other_sender_password:
+    file: deploy/secrets/users_app_password.txt
+  lost_password:
+    file: deploy/secrets/no-such-file.txt
 `
 	d := loadDeployment(t, filepath.Join(repoRoot, "broken-compose.yml"), []byte(broken))
 	want := map[string][]string{
@@ -214,10 +269,18 @@ services:
 			`"users": container port 9091 is not in the Dockerfile's EXPOSE`,
 		},
 		"database URLs": {
-			`"student-migrate": STUDENT_DATABASE_URL names database "students", but student-db's POSTGRES_DB is "student"`,
-			`"student": STUDENT_DATABASE_URL has the wrong password for student-db`,
+			`"student-migrate": STUDENT_MIGRATE_DATABASE_URL names database "students", but student-db's POSTGRES_DB is "student"`,
+			`"student-migrate": STUDENT_MIGRATE_DATABASE_URL has the wrong password for student-db's administrator`,
+			`"student": STUDENT_DATABASE_URL logs in as "postgres", but student runs as its own role, "student_app"`,
 			`"users": USERS_DATABASE_URL points at "users-db", which is not a service`,
 			`"outbox-sender": SENDER_DATABASE_URL points at users-db/users, but the sender works on Student's database, student-db/student`,
+		},
+		"database roles and secrets": {
+			`"student": the password of student_app is in STUDENT_DATABASE_URL: it must come from a secret, STUDENT_DATABASE_PASSWORD_FILE`,
+			`"student": gets secret "outbox_sender_password", which is not its own`,
+			`"student-migrate": gives outbox_sender the password in secret "outbox_sender_password", but outbox-sender logs in with [other_sender_password]`,
+			`"outbox-sender-2": SENDER_DATABASE_PASSWORD_FILE does not name a secret mounted in the container`,
+			`secret "lost_password": file `,
 		},
 		"users URL": {
 			`SENDER_USERS_URL=http://users:8081 uses port 8081, but "users" listens on 9091`,
@@ -244,6 +307,12 @@ services:
 			`USERS_IDEMPOTENCY_WAIT=3s ("users") must be shorter than SENDER_REQUEST_TIMEOUT=2s ("outbox-sender")`,
 			`USERS_DATABASE_TIMEOUT=4s ("users") must be shorter than SENDER_REQUEST_TIMEOUT=2s ("outbox-sender")`,
 		},
+		"callers authenticate": {
+			`"outbox-sender": SENDER_USERS_TOKEN is not among the tokens "users" accepts (USERS_API_TOKENS)`,
+			`"outbox-sender-2": SENDER_USERS_TOKEN is not set`,
+			`"users-2": USERS_API_TOKENS is not set: Users refuses to serve without callers`,
+			`"users-migrate-2": USERS_API_TOKENS is set, but a migration serves no one`,
+		},
 	}
 	require.Len(t, want, len(checks), "every check needs a mistake to catch")
 	for _, c := range checks {
@@ -263,6 +332,9 @@ type deployment struct {
 	project *types.Project
 	images  map[string]image // by Dockerfile path
 	errs    map[string]error // Dockerfiles that could not be read or parsed
+	// secretVars maps, per service, each *_FILE variable that names a
+	// secret mounted in the service to that secret.
+	secretVars map[string]map[string]string
 }
 
 // loadDeployment parses a compose file as Docker Compose would, except that
@@ -285,6 +357,7 @@ func loadDeployment(t *testing.T, filename string, content []byte) *deployment {
 	require.NoError(t, err, "loading %s", filename)
 
 	d := &deployment{project: project, images: map[string]image{}, errs: map[string]error{}}
+	d.resolveSecrets()
 	for _, s := range project.Services {
 		if s.Build == nil {
 			continue
@@ -304,6 +377,41 @@ func loadDeployment(t *testing.T, filename string, content []byte) *deployment {
 		d.errs[file] = err
 	}
 	return d
+}
+
+// resolveSecrets points every *_FILE variable that names a secret mounted
+// in its service (/run/secrets/<target>) at the secret's file on this
+// host, so that the binaries' config loaders, which read those files, see
+// what the container would; and it records which secret each names. A
+// variable naming a path nothing is mounted at is left alone: the loader
+// then fails to read it, and checkEnvironment says so.
+func (d *deployment) resolveSecrets() {
+	d.secretVars = map[string]map[string]string{}
+	for name, s := range d.project.Services {
+		d.secretVars[name] = map[string]string{}
+		mounted := map[string]string{} // path in the container → secret
+		for _, ref := range s.Secrets {
+			target := cmp.Or(ref.Target, ref.Source)
+			if !path.IsAbs(target) {
+				target = path.Join("/run/secrets", target)
+			}
+			mounted[target] = ref.Source
+		}
+		for v, val := range s.Environment {
+			if !strings.HasSuffix(v, "_FILE") || val == nil {
+				continue
+			}
+			secret, ok := mounted[path.Clean(*val)]
+			if !ok {
+				continue
+			}
+			d.secretVars[name][v] = secret
+			if cfg, ok := d.project.Secrets[secret]; ok && cfg.File != "" {
+				file := cfg.File
+				s.Environment[v] = &file
+			}
+		}
+	}
 }
 
 func dockerfilePath(b *types.BuildConfig) string {
@@ -481,19 +589,25 @@ func (db database) String() string { return db.host + "/" + db.name }
 // databaseOf checks a service's database URL against the database service it
 // names and returns that database.
 func (d *deployment) databaseOf(s types.ServiceConfig) (database, []string) {
-	_, b, ok := binaryOf(s)
+	binName, b, ok := binaryOf(s)
 	if !ok {
 		return database{}, nil
 	}
+	// A migration logs in as the database's administrator; every other
+	// service as its binary's own role, never as the administrator.
 	cfg, _ := config(s)
-	u, err := url.Parse(cfg.dbURL)
+	dbURL, dbVar := cfg.dbURL, b.dbVar
+	if isMigration(s) {
+		dbURL, dbVar = cfg.migrateURL, b.migrateVar
+	}
+	u, err := url.Parse(dbURL)
 	if err != nil {
-		return database{}, []string{fmt.Sprintf("%q: %s: %v", s.Name, b.dbVar, err)}
+		return database{}, []string{fmt.Sprintf("%q: %s: %v", s.Name, dbVar, err)}
 	}
 	db := database{host: u.Hostname(), name: strings.TrimPrefix(u.Path, "/")}
 	dbSvc, ok := d.project.Services[db.host]
 	if !ok {
-		return db, []string{fmt.Sprintf("%q: %s points at %q, which is not a service", s.Name, b.dbVar, db.host)}
+		return db, []string{fmt.Sprintf("%q: %s points at %q, which is not a service", s.Name, dbVar, db.host)}
 	}
 	// The postgres image's defaults, from its documentation.
 	env := getenvOf(dbSvc.Environment)
@@ -501,18 +615,100 @@ func (d *deployment) databaseOf(s types.ServiceConfig) (database, []string) {
 	name := cmp.Or(env("POSTGRES_DB"), user)
 	var problems []string
 	if db.name != name {
-		problems = append(problems, fmt.Sprintf("%q: %s names database %q, but %s's POSTGRES_DB is %q", s.Name, b.dbVar, db.name, db.host, name))
+		problems = append(problems, fmt.Sprintf("%q: %s names database %q, but %s's POSTGRES_DB is %q", s.Name, dbVar, db.name, db.host, name))
 	}
 	if p := u.Port(); p != "" && p != "5432" {
-		problems = append(problems, fmt.Sprintf("%q: %s uses port %s, but PostgreSQL in %s listens on 5432", s.Name, b.dbVar, p, db.host))
+		problems = append(problems, fmt.Sprintf("%q: %s uses port %s, but PostgreSQL in %s listens on 5432", s.Name, dbVar, p, db.host))
 	}
-	if u.User.Username() != user {
-		problems = append(problems, fmt.Sprintf("%q: %s logs in as %q, but %s's user is %q", s.Name, b.dbVar, u.User.Username(), db.host, user))
-	}
-	if pw, _ := u.User.Password(); pw != env("POSTGRES_PASSWORD") {
-		problems = append(problems, fmt.Sprintf("%q: %s has the wrong password for %s", s.Name, b.dbVar, db.host))
+	switch {
+	case !isMigration(s) && u.User.Username() != b.role:
+		problems = append(problems, fmt.Sprintf("%q: %s logs in as %q, but %s runs as its own role, %q", s.Name, dbVar, u.User.Username(), binName, b.role))
+	case !isMigration(s):
+	case u.User.Username() != user:
+		problems = append(problems, fmt.Sprintf("%q: %s logs in as %q, but %s's administrator is %q", s.Name, dbVar, u.User.Username(), db.host, user))
+	default:
+		// The image reads POSTGRES_PASSWORD_FILE as $(< file): trailing
+		// newlines go, as the binaries drop one.
+		want := env("POSTGRES_PASSWORD")
+		if f := env("POSTGRES_PASSWORD_FILE"); f != "" {
+			b, _ := os.ReadFile(f)
+			want = strings.TrimRight(string(b), "\n")
+		}
+		if pw, _ := u.User.Password(); pw != want {
+			problems = append(problems, fmt.Sprintf("%q: %s has the wrong password for %s's administrator", s.Name, dbVar, db.host))
+		}
 	}
 	return db, problems
+}
+
+// checkRoleSecrets: each service's database password comes from a Docker
+// secret, and each container gets only the secrets it needs. A runtime
+// service gets its own role's password and no other: a container that
+// could read another role's password could use that role's grants. A
+// migration gets the administrator's and those of the runtime roles it
+// sets, and must give each role the very secret the role's service logs in
+// with, or the service is locked out after the first migration.
+func checkRoleSecrets(d *deployment) []string {
+	var problems []string
+	loginSecret := map[string]map[string]string{} // role → secret → a service logging in with it
+	for _, s := range d.goServices() {
+		name, b, ok := binaryOf(s)
+		if !ok || isMigration(s) {
+			continue
+		}
+		cfg, _ := config(s)
+		if u, err := url.Parse(cfg.dbURL); err == nil {
+			if _, inURL := u.User.Password(); inURL && d.secretVars[s.Name][b.passwordVar+"_FILE"] == "" {
+				problems = append(problems, fmt.Sprintf("%q: the password of %s is in %s: it must come from a secret, %s_FILE", s.Name, b.role, b.dbVar, b.passwordVar))
+			}
+		}
+		if _, inline := s.Environment[b.passwordVar]; inline {
+			problems = append(problems, fmt.Sprintf("%q: %s is set inline: the password of %s must come from a secret, %s_FILE", s.Name, b.passwordVar, b.role, b.passwordVar))
+		}
+		own := d.secretVars[s.Name][b.passwordVar+"_FILE"]
+		if own == "" {
+			problems = append(problems, fmt.Sprintf("%q: %s_FILE does not name a secret mounted in the container: %s logs in with its password from one", s.Name, b.passwordVar, name))
+		} else {
+			if loginSecret[b.role] == nil {
+				loginSecret[b.role] = map[string]string{}
+			}
+			loginSecret[b.role][own] = s.Name
+		}
+		// Its other secrets are those its own variables name, such as
+		// Users' API tokens: never another role's password.
+		mine := map[string]bool{own: true}
+		for _, secret := range d.secretVars[s.Name] {
+			mine[secret] = true
+		}
+		for _, ref := range s.Secrets {
+			if !mine[ref.Source] {
+				problems = append(problems, fmt.Sprintf("%q: gets secret %q, which is not its own: each service gets only the password of its role, %s", s.Name, ref.Source, b.role))
+			}
+		}
+	}
+	for _, s := range d.goServices() {
+		_, b, ok := binaryOf(s)
+		if !ok || !isMigration(s) {
+			continue
+		}
+		for _, l := range b.logins {
+			secret := d.secretVars[s.Name][l.passwordVar+"_FILE"]
+			switch {
+			case secret == "":
+				problems = append(problems, fmt.Sprintf("%q: %s_FILE does not name a secret mounted in the container: migrate sets the password of %s from it", s.Name, l.passwordVar, l.role))
+			case len(loginSecret[l.role]) > 0 && loginSecret[l.role][secret] == "":
+				problems = append(problems, fmt.Sprintf("%q: gives %s the password in secret %q, but %s logs in with %v", s.Name, l.role, secret, l.binary, slices.Sorted(maps.Keys(loginSecret[l.role]))))
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(d.project.Secrets)) {
+		if cfg := d.project.Secrets[name]; cfg.File != "" {
+			if b, err := os.ReadFile(cfg.File); err != nil || strings.TrimSpace(string(b)) == "" {
+				problems = append(problems, fmt.Sprintf("secret %q: file %s is missing or empty", name, cfg.File))
+			}
+		}
+	}
+	return problems
 }
 
 func checkDatabases(d *deployment) []string {
@@ -793,6 +989,59 @@ func checkWaitsNest(d *deployment) []string {
 				problems = append(problems, fmt.Sprintf("USERS_DATABASE_TIMEOUT=%s (%q) must be shorter than SENDER_REQUEST_TIMEOUT=%s (%q): the sender would give up before Users answers 503 with Retry-After",
 					uc.DatabaseTimeout, u.Name, sc.RequestTimeout, s.Name))
 			}
+		}
+	}
+	return problems
+}
+
+// checkCallers ties the sender's credentials to Users'. Users serves only
+// the callers in USERS_API_TOKENS, and the sender authenticates with
+// SENDER_USERS_TOKEN: a token Users does not list gets every delivery
+// refused (401), which the sender retries for ever and says so, but
+// delivers nothing. Each binary checks its own variable at start; only the
+// deployment sees both. Migrations serve no one, so they are not handed
+// the tokens.
+func checkCallers(d *deployment) []string {
+	var problems []string
+	accepted := map[string]string{} // token → the users service that accepts it
+	for _, u := range d.goServices() {
+		if name, _, _ := binaryOf(u); name != "users" {
+			continue
+		}
+		uc, _, err := usersvc.LoadConfig(getenvOf(u.Environment))
+		if err != nil {
+			continue // checkEnvironment reports it
+		}
+		switch {
+		case isMigration(u) && len(uc.Callers) > 0:
+			problems = append(problems, fmt.Sprintf("%q: USERS_API_TOKENS is set, but a migration serves no one: keep the tokens out of it", u.Name))
+		case !isMigration(u) && len(uc.Callers) == 0:
+			problems = append(problems, fmt.Sprintf("%q: USERS_API_TOKENS is not set: Users refuses to serve without callers", u.Name))
+		case !isMigration(u):
+			for _, c := range uc.Callers {
+				accepted[string(c.Token)] = u.Name
+			}
+		}
+	}
+	for _, s := range d.goServices() {
+		if name, _, _ := binaryOf(s); name != "outbox-sender" {
+			continue
+		}
+		sc, _, err := sender.LoadConfig(getenvOf(s.Environment))
+		if err != nil {
+			continue // checkEnvironment reports it
+		}
+		u, err := url.Parse(sc.UsersURL)
+		if err != nil {
+			continue // checkUsersURL reports it
+		}
+		// The token must be one the Users the sender calls accepts, not
+		// merely some Users of the project.
+		switch users, ok := accepted[string(sc.UsersToken)]; {
+		case sc.UsersToken == "":
+			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_TOKEN is not set: the sender refuses to start without it", s.Name))
+		case !ok || users != u.Hostname():
+			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_TOKEN is not among the tokens %q accepts (USERS_API_TOKENS): Users would refuse every delivery", s.Name, u.Hostname()))
 		}
 	}
 	return problems

@@ -19,12 +19,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/services/users/usersvc"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
+
+// flowToken is the sender's token in the in-process flows: Users lists it
+// for the caller "outbox-sender", and the senders send it.
+const flowToken = "flow-sender-token-0123456789"
 
 // flow is Student and Users in one process, each on its own database.
 type flow struct {
@@ -37,9 +42,13 @@ func newFlow(t *testing.T) flow {
 	t.Helper()
 	quiet := slog.New(slog.DiscardHandler)
 	f := flow{studentPool: pgtest.Pool(t, migrations.Student), usersPool: pgtest.Pool(t, migrations.Users)}
-	f.student = httptest.NewServer(studentsvc.NewServer(quiet, f.studentPool, studentsvc.Config{}).Routes())
+	// Each part runs as its own database role, as in production; the
+	// pools in f are the administrator's, for the tests' own reads.
+	f.student = httptest.NewServer(studentsvc.NewServer(quiet, pgtest.As(t, f.studentPool, migrations.StudentApp), studentsvc.Config{}).Routes())
 	t.Cleanup(f.student.Close)
-	f.users = usersvc.NewServer(quiet, f.usersPool, usersvc.Config{}).Routes()
+	f.users = usersvc.NewServer(quiet, pgtest.As(t, f.usersPool, migrations.UsersApp), usersvc.Config{
+		Callers: []auth.Credential{{Caller: "outbox-sender", Token: flowToken}},
+	}).Routes()
 	return f
 }
 
@@ -69,8 +78,8 @@ func (f flow) postStudents(t *testing.T, n int) []uuid.UUID {
 func (f flow) runSender(t *testing.T, usersURL string) (stop func()) {
 	t.Helper()
 	quiet := slog.New(slog.DiscardHandler)
-	s := sender.New(quiet, f.studentPool, sender.Config{
-		UsersURL: usersURL, ID: "flow", BatchSize: 50, Concurrency: 16, PollInterval: 20 * time.Millisecond,
+	s := sender.New(quiet, pgtest.As(t, f.studentPool, migrations.OutboxSender), sender.Config{
+		UsersURL: usersURL, UsersToken: flowToken, ID: "flow", BatchSize: 50, Concurrency: 16, PollInterval: 20 * time.Millisecond,
 		Lease: 30 * time.Second, RequestTimeout: 5 * time.Second, MaxAttempts: 1000,
 		BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, MaxAge: time.Hour,
 	})
@@ -128,12 +137,48 @@ func TestWholeFlow(t *testing.T) {
 	var st studentsvc.Student
 	apitest.Do(t, http.MethodGet, student.URL+"/students/"+ids[0].String(), "").JSON(t, &st)
 	require.Equal(t, studentsvc.StateLinked, st.Provisioning.State)
-	res := apitest.Do(t, http.MethodGet, users.URL+"/users/"+st.UserID.String(), "")
+	res := apitest.Do(t, http.MethodGet, users.URL+"/users/"+st.UserID.String(), "", "Authorization", "Bearer "+flowToken)
 	require.Equal(t, http.StatusOK, res.Status)
 }
 
+// TestSenderWithWrongToken: a sender whose token Users does not list gets
+// every delivery refused (401). The rows stay pending, retried with the
+// reason users-auth-refused, and none is dead-lettered, even past the
+// attempts cap; Users wrote nothing. With the right token they all link.
+func TestSenderWithWrongToken(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t)
+	users := httptest.NewServer(f.users)
+	t.Cleanup(users.Close)
+	const n = 20
+	f.postStudents(t, n)
+	cfg := sender.Config{
+		UsersURL: users.URL, UsersToken: "not-the-flow-token-0123456789", ID: "wrong-token", BatchSize: 50, Concurrency: 16,
+		PollInterval: 20 * time.Millisecond, Lease: 30 * time.Second, RequestTimeout: 5 * time.Second, MaxAttempts: 2,
+		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, MaxAge: time.Hour,
+	}
+	stop := apitest.Start(t, sender.New(slog.New(slog.DiscardHandler), f.studentPool, cfg).Run)
+	require.Eventually(t, func() bool {
+		return apitest.Count(t, f.studentPool, "SELECT count(*) FROM outbox WHERE attempts >= 4 AND reason_class = 'users-auth-refused'") == n
+	}, 30*time.Second, 20*time.Millisecond, "every row retried past the attempts cap")
+	require.NoError(t, stop())
+	require.Zero(t, apitest.Count(t, f.studentPool, "SELECT count(*) FROM outbox WHERE state <> 'pending'"), "nothing is dead-lettered")
+	require.Zero(t, apitest.Count(t, f.usersPool, "SELECT count(*) FROM inbox"), "Users wrote nothing")
+	var page studentsvc.Page
+	apitest.Do(t, http.MethodGet, f.student.URL+"/students?limit=1", "").JSON(t, &page)
+	require.Equal(t, studentsvc.StatePending, page.Items[0].Provisioning.State)
+	require.Equal(t, "users-auth-refused", page.Items[0].Provisioning.Reason.Class)
+
+	// The token fixed (and the cap raised: the rows used it up meanwhile).
+	stopFixed := f.runSender(t, users.URL)
+	require.Eventually(t, func() bool {
+		return apitest.Count(t, f.studentPool, "SELECT count(*) FROM students WHERE user_id IS NOT NULL") == n
+	}, 30*time.Second, 20*time.Millisecond, "every student links with the right token")
+	stopFixed()
+}
+
 // TestUsersOutage: with Users down, students stay pending while their
-// attempts rise and their last error says why; once Users is back on the
+// attempts rise and their reason says why; once Users is back on the
 // same address every one of them links, to exactly one user each.
 func TestUsersOutage(t *testing.T) {
 	t.Parallel()
@@ -153,7 +198,7 @@ func TestUsersOutage(t *testing.T) {
 	st := page.Items[0]
 	require.Equal(t, studentsvc.StatePending, st.Provisioning.State)
 	require.GreaterOrEqual(t, st.Provisioning.Attempts, 3)
-	require.Contains(t, *st.Provisioning.LastError, "connection refused")
+	require.Equal(t, &studentsvc.Reason{Class: "users-unreachable", Message: "Users unreachable, retrying"}, st.Provisioning.Reason)
 
 	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err, "Users comes back on the same address")

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,7 +25,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 // scenarioDef is one fault scenario.
@@ -72,6 +75,18 @@ var senderTuning = []string{
 
 // requestTimeout matches SENDER_REQUEST_TIMEOUT above.
 const requestTimeout = time.Second
+
+// The callers Users knows in the suite: the senders, and the suite itself
+// where it calls Users directly (a seeded user, bursts of one key). Being
+// two callers, their keys are two scopes, as in production.
+const (
+	senderToken = "e2e-sender-token-0123456789"
+	suiteToken  = "e2e-suite-token-0123456789"
+	usersTokens = "outbox-sender:" + senderToken + ",e2e-suite:" + suiteToken
+)
+
+// asSuite is the Authorization header of the suite's own calls to Users.
+var asSuite = []string{"Authorization", "Bearer " + suiteToken}
 
 // scenario is one running system: fresh databases, Users, Student, the
 // fault proxy and the senders, plus what the scenario has learnt.
@@ -174,8 +189,14 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 	}
 	s.studentURL = s.createDatabase(s.studentCluster, "student")
 	s.usersURL = s.createDatabase(s.usersCluster, "users")
-	s.migrate(bins.student, "STUDENT_DATABASE_URL="+s.studentURL)
-	s.migrate(bins.users, "USERS_DATABASE_URL="+s.usersURL)
+	// As in production: migrate logs in as the administrator and gives
+	// each runtime role its password (from the same secret file the
+	// process logs in with); every process logs in as its own role.
+	s.migrate(bins.student, "STUDENT_MIGRATE_DATABASE_URL="+s.studentURL,
+		"STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.StudentApp),
+		"SENDER_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.OutboxSender))
+	s.migrate(bins.users, "USERS_MIGRATE_DATABASE_URL="+s.usersURL,
+		"USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.UsersApp))
 	s.studentDB = s.pool(s.studentURL)
 	s.usersDB = s.pool(s.usersURL)
 
@@ -190,7 +211,10 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 
 	s.usersAddr = freeAddr(t)
 	s.users = s.newProc("users", bins.users, "http://"+s.usersAddr+"/readyz",
-		"USERS_HTTP_ADDR="+s.usersAddr, "USERS_DATABASE_URL="+usersDBURL, "USERS_INBOX_RETENTION=168h", "LOG_LEVEL=info")
+		"USERS_HTTP_ADDR="+s.usersAddr, "USERS_INBOX_RETENTION=168h", "LOG_LEVEL=info",
+		"USERS_DATABASE_URL="+asRole(t, usersDBURL, migrations.UsersApp),
+		"USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.UsersApp),
+		"USERS_API_TOKENS="+usersTokens)
 	var usersExtra []string
 	if def.opts.usersCrash != "" {
 		usersExtra = append(usersExtra, "CRASH_POINT="+def.opts.usersCrash)
@@ -213,7 +237,9 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 
 	s.studentAddr = freeAddr(t)
 	s.student = s.newProc("student", bins.student, "http://"+s.studentAddr+"/readyz",
-		"STUDENT_HTTP_ADDR="+s.studentAddr, "STUDENT_DATABASE_URL="+s.studentURL, "LOG_LEVEL=info")
+		"STUDENT_HTTP_ADDR="+s.studentAddr, "LOG_LEVEL=info",
+		"STUDENT_DATABASE_URL="+asRole(t, s.studentURL, migrations.StudentApp),
+		"STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.StudentApp))
 	s.startProc(s.student)
 
 	for range def.opts.senders {
@@ -274,6 +300,41 @@ func (s *scenario) migrate(bin string, env ...string) {
 	require.NoError(s.t, err, "%s migrate: %s", filepath.Base(bin), out)
 }
 
+// asRole returns dbURL logging in as role, without a password: the
+// process reads it from its secret file.
+func asRole(t *testing.T, dbURL, role string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	return u.String()
+}
+
+// roleSecrets holds the runtime roles' passwords, one file each, written
+// once for the suite like the secret files compose mounts. They are
+// pgtest's: roles belong to a whole cluster, and this package's in-process
+// tests, which log in through pgtest, share the Student cluster (main_test.go
+// lends it as TEST_DATABASE_URL).
+var roleSecrets = struct {
+	sync.Mutex
+	files map[string]string
+}{files: map[string]string{}}
+
+func roleSecret(t *testing.T, role string) string {
+	t.Helper()
+	roleSecrets.Lock()
+	defer roleSecrets.Unlock()
+	if f, ok := roleSecrets.files[role]; ok {
+		return f
+	}
+	dir := filepath.Join(suite.work, "secrets")
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	f := filepath.Join(dir, role)
+	require.NoError(t, os.WriteFile(f, []byte(pgtest.Passwords[role]+"\n"), 0o600))
+	roleSecrets.files[role] = f
+	return f
+}
+
 func (s *scenario) pool(url string) *pgxpool.Pool {
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(s.t, err)
@@ -299,10 +360,12 @@ func (s *scenario) newSender() *proc {
 	n := len(s.senders) + 1
 	admin := freeAddr(s.t)
 	env := append([]string{
-		"SENDER_DATABASE_URL=" + s.senderDBURL,
+		"SENDER_DATABASE_URL=" + asRole(s.t, s.senderDBURL, migrations.OutboxSender),
+		"SENDER_DATABASE_PASSWORD_FILE=" + roleSecret(s.t, migrations.OutboxSender),
 		"SENDER_USERS_URL=http://" + s.toxi.addr(),
 		"SENDER_ADMIN_ADDR=" + admin,
 		"SENDER_ID=sender-" + strconv.Itoa(n),
+		"SENDER_USERS_TOKEN=" + senderToken,
 		"LOG_LEVEL=info",
 	}, senderTuning...)
 	p := s.newProc("sender-"+strconv.Itoa(n), s.bins.sender, "http://"+admin+"/readyz", env...)
@@ -488,8 +551,10 @@ func (s *scenario) checkAPI(rep Report, st State) []string {
 		var got struct {
 			UserID       *uuid.UUID `json:"user_id"`
 			Provisioning struct {
-				State     string  `json:"state"`
-				LastError *string `json:"last_error"`
+				State  string `json:"state"`
+				Reason *struct {
+					Class string `json:"class"`
+				} `json:"reason"`
 			} `json:"provisioning"`
 		}
 		resp, err := s.client.Get("http://" + s.studentAddr + "/students/" + id.String())
@@ -503,7 +568,7 @@ func (s *scenario) checkAPI(rep Report, st State) []string {
 			why = err.Error()
 		case class == Linked && (got.Provisioning.State != "linked" || got.UserID == nil || *got.UserID != userOf[id]):
 			why = fmt.Sprintf("state %q, user_id %v; the database has %s", got.Provisioning.State, got.UserID, userOf[id])
-		case class == Dead && (got.Provisioning.State != "failed" || got.Provisioning.LastError == nil):
+		case class == Dead && (got.Provisioning.State != "failed" || got.Provisioning.Reason == nil):
 			why = fmt.Sprintf("state %q for a dead-lettered row", got.Provisioning.State)
 		}
 		if why != "" {

@@ -137,14 +137,18 @@ func retryableAnswer(status int, body []byte) bool {
 		(status == http.StatusConflict && bytes.Contains(body, []byte("/problems/idempotency-key-in-progress")))
 }
 
-// postWithKey sends one JSON POST with an Idempotency-Key.
-func postWithKey(client *http.Client, url, key string, body []byte) (status int, answer []byte, replayed bool, err error) {
+// postWithKey sends one JSON POST with an Idempotency-Key, and headers
+// (name, value pairs) such as Users' Authorization.
+func postWithKey(client *http.Client, url, key string, body []byte, headers ...string) (status int, answer []byte, replayed bool, err error) {
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, false, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil, false, err

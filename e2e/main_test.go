@@ -123,6 +123,11 @@ func startCluster(name string) (*pgcluster.Cluster, error) {
 		return nil, fmt.Errorf("start %s cluster: %w", name, err)
 	}
 	trackCluster(c)
+	// The binaries log in as their runtime roles with the passwords that
+	// migrate gave them, checked as a production server checks them.
+	if err := c.RequirePasswords(ctx); err != nil {
+		return nil, fmt.Errorf("start %s cluster: %w", name, err)
+	}
 	return c, nil
 }
 

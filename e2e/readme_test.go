@@ -72,8 +72,15 @@ func TestReadmeConfigurationMatchesCode(t *testing.T) {
 }
 
 // sameDefault compares a README cell such as `5s`, `10000` or `:8080` with
-// a default from the code, by its type.
+// a default from the code, by its type. A variable without a default (a
+// secret, or its _FILE form; its code default is "") is written none.
 func sameDefault(cell string, def any) error {
+	if cell == "none" || def == "" {
+		if cell != "none" || def != "" {
+			return fmt.Errorf("README says %s, the code %q: write none for no default, and only then", cell, def)
+		}
+		return nil
+	}
 	if !strings.HasPrefix(cell, "`") || !strings.HasSuffix(cell, "`") {
 		return fmt.Errorf("default %q: write it in backquotes", cell)
 	}
@@ -106,6 +113,9 @@ func TestReadmeConfigCheckerCatchesMistakes(t *testing.T) {
 	require.Error(t, sameDefault("`4s`", 5*time.Second))
 	require.Error(t, sameDefault("`:8081`", ":8080"))
 	require.Error(t, sameDefault(":8080", ":8080"))
+	require.NoError(t, sameDefault("none", ""))
+	require.Error(t, sameDefault("none", "x"))
+	require.Error(t, sameDefault("``", ""))
 	tables := readmeConfig(t, "## Configuration\n**users**\n| `USERS_X` | `1s` | x |\n## Next\n| `NOT_ME` | `2` | y |\n")
 	require.Equal(t, map[string]map[string]string{"users": {"USERS_X": "`1s`"}}, tables)
 }

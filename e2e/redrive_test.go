@@ -12,9 +12,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 // TestRedriveAfterLostAnswersLinksTheSameUser is the case redrive in retry
@@ -43,11 +45,11 @@ func TestRedriveAfterLostAnswersLinksTheSameUser(t *testing.T) {
 	ids := f.postStudents(t, 1)
 
 	cfg := sender.Config{
-		UsersURL: users.URL, ID: "redrive-test", BatchSize: 10, Concurrency: 2, PollInterval: 20 * time.Millisecond,
+		UsersURL: users.URL, UsersToken: flowToken, ID: "redrive-test", BatchSize: 10, Concurrency: 2, PollInterval: 20 * time.Millisecond,
 		Lease: 30 * time.Second, RequestTimeout: 2 * time.Second, MaxAttempts: 1000,
 		BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, MaxAge: time.Second,
 	}
-	stop := apitest.Start(t, sender.New(slog.New(slog.DiscardHandler), f.studentPool, cfg).Run)
+	stop := apitest.Start(t, sender.New(slog.New(slog.DiscardHandler), pgtest.As(t, f.studentPool, migrations.OutboxSender), cfg).Run)
 	require.Eventually(t, func() bool {
 		return apitest.Count(t, f.studentPool, "SELECT count(*) FROM outbox WHERE state = 'dead' AND reason_class = 'expired'") == 1
 	}, 30*time.Second, 20*time.Millisecond, "dead by age")
@@ -60,6 +62,7 @@ func TestRedriveAfterLostAnswersLinksTheSameUser(t *testing.T) {
 	var st studentsvc.Student
 	apitest.Do(t, http.MethodGet, f.student.URL+"/students/"+ids[0].String(), "").JSON(t, &st)
 	require.Equal(t, studentsvc.StateFailed, st.Provisioning.State)
+	require.Equal(t, "expired", st.Provisioning.Reason.Class)
 
 	// The network heals; the operator redrives, keeping the key.
 	drop.Store(false)
@@ -71,9 +74,10 @@ func TestRedriveAfterLostAnswersLinksTheSameUser(t *testing.T) {
 	apitest.Do(t, http.MethodGet, f.student.URL+"/students/"+ids[0].String(), "").JSON(t, &st)
 	require.Equal(t, studentsvc.StatePending, st.Provisioning.State, "the student is pending again")
 	require.Equal(t, 1, st.Provisioning.Redrives)
+	require.Nil(t, st.Provisioning.Reason, "a redrive clears the reason")
 
 	cfg.MaxAge = time.Hour
-	stop = apitest.Start(t, sender.New(slog.New(slog.DiscardHandler), f.studentPool, cfg).Run)
+	stop = apitest.Start(t, sender.New(slog.New(slog.DiscardHandler), pgtest.As(t, f.studentPool, migrations.OutboxSender), cfg).Run)
 	require.Eventually(t, func() bool {
 		return apitest.Count(t, f.studentPool, "SELECT count(*) FROM students WHERE user_id IS NOT NULL") == 1
 	}, 30*time.Second, 20*time.Millisecond, "linked after the redrive")

@@ -275,7 +275,7 @@ func poisonRow(s *scenario) {
 	const poisonDoc = "S09-POISON"
 	seedKey := "seed-" + uuid.NewString()
 	body, _ := json.Marshal(personBody{Name: "Someone Else", Email: "someone@example.com", DocumentNumber: poisonDoc})
-	status, answer, _, err := postWithKey(s.client, "http://"+s.usersAddr+"/users", seedKey, body)
+	status, answer, _, err := postWithKey(s.client, "http://"+s.usersAddr+"/users", seedKey, body, asSuite...)
 	require.NoError(s.t, err)
 	require.Equal(s.t, http.StatusCreated, status, "seed user: %s", answer)
 	s.foreignKeys = append(s.foreignKeys, seedKey)
@@ -382,7 +382,7 @@ type userAnswer struct {
 func (s *scenario) postUserUntilAnswered(key string, body []byte) (userAnswer, bool) {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		status, got, replayed, err := postWithKey(s.client, "http://"+s.usersAddr+"/users", key, body)
+		status, got, replayed, err := postWithKey(s.client, "http://"+s.usersAddr+"/users", key, body, asSuite...)
 		if err == nil && !retryableAnswer(status, got) {
 			return userAnswer{status, string(got), replayed}, true
 		}

@@ -1,16 +1,17 @@
 // Package migrations owns the schema of both databases as goose migrations,
 // embedded once so that the services, their tests and the end-to-end suite
-// all apply exactly the same files.
+// all apply exactly the same files, and the database roles those files
+// grant to (roles.go).
 package migrations
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"fmt"
 	"io/fs"
+	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -36,16 +37,41 @@ func (s Set) FS() fs.FS {
 	return sub
 }
 
-// Up applies every pending migration of the set. A Postgres advisory lock
-// serialises migrators, so several processes may call it at once.
-func Up(ctx context.Context, pool *pgxpool.Pool, set Set) error {
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	return UpDB(ctx, db, set)
-}
+// Migrate readies the set's database and applies every pending migration.
+// admin logs in as a superuser, or as a role with CREATEROLE that owns the
+// database. First, as admin, it creates the set's roles if they are
+// missing and sets each login role's password from passwords (by role
+// name; every login role needs one); then it applies the migrations as the
+// set's owner, so that the owner, not the administrator, owns every table
+// and the runtime roles get only what the migrations grant.
+//
+// Running it again is harmless, and with new passwords it rotates them. A
+// Postgres advisory lock serialises migrators of one database, so several
+// processes may call it at once.
+func Migrate(ctx context.Context, admin *pgx.ConnConfig, set Set, passwords map[string]string) error {
+	if missing := missingPasswords(set, passwords); len(missing) > 0 {
+		return fmt.Errorf("migrate %s: no password for %s", set, strings.Join(missing, ", "))
+	}
+	conn, err := pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return fmt.Errorf("migrate %s: connect: %w", set, err)
+	}
+	err = prepareRoles(ctx, conn, set, passwords)
+	if cerr := conn.Close(context.WithoutCancel(ctx)); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("migrate %s: roles: %w", set, err)
+	}
 
-// UpDB is Up for a database/sql handle.
-func UpDB(ctx context.Context, db *sql.DB, set Set) error {
+	// Every connection goose opens acts as the owner: the tables it
+	// creates, and goose's own version table, are the owner's.
+	asOwner := stdlib.OptionAfterConnect(func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SET ROLE "+ident(set.Owner()))
+		return err
+	})
+	db := stdlib.OpenDB(*admin, asOwner)
+	defer db.Close()
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
 		return fmt.Errorf("migrate %s: %w", set, err)

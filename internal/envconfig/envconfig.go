@@ -111,6 +111,32 @@ func (r *Reader) DatabaseURL(name, def string) string {
 	return v
 }
 
+// DatabaseLogin returns the PostgreSQL URL in urlName (checked as
+// DatabaseURL checks it) with the password from passwordName, or from the
+// file named by passwordName+"_FILE" (see Secret), put into it, so that a
+// password can come from a Docker or Kubernetes secret while the rest of
+// the URL stays plain configuration. The password may instead be in the
+// URL itself; in both is an error. It also returns the password read from
+// passwordName, "" if none was.
+func (r *Reader) DatabaseLogin(urlName, def, passwordName string) (dbURL, password string) {
+	dbURL = r.DatabaseURL(urlName, def)
+	password = r.Secret(passwordName)
+	if password == "" {
+		return dbURL, ""
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return dbURL, password // DatabaseURL reported it
+	}
+	if _, inURL := u.User.Password(); inURL {
+		r.errs = append(r.errs, fmt.Errorf("%s has a password and %s (or %s_FILE) is set: give it in one place (the values are not shown)",
+			urlName, passwordName, passwordName))
+		return dbURL, password
+	}
+	u.User = url.UserPassword(u.User.Username(), password)
+	return u.String(), password
+}
+
 // Secret returns a secret given either in the variable name or, for Docker
 // and Kubernetes secrets, in the file named by name+"_FILE" (one trailing
 // newline is dropped). Setting both is an error. The value is never echoed

@@ -91,3 +91,31 @@ func TestSecretFromVariableOrFile(t *testing.T) {
 	r.Require("A_PASSWORD", r.Secret("A_PASSWORD"), "the role has no other way in")
 	require.ErrorContains(t, r.Err(), "A_PASSWORD (or A_PASSWORD_FILE) is required")
 }
+
+// TestDatabaseLogin: the password goes into the URL from its own variable
+// or file, escaped; in both the URL and the variable is an error that shows
+// neither.
+func TestDatabaseLogin(t *testing.T) {
+	t.Parallel()
+	file := t.TempDir() + "/pw"
+	require.NoError(t, os.WriteFile(file, []byte("p@ss:w/rd\n"), 0o600))
+
+	r := New(env("DB_PASSWORD_FILE", file))
+	u, pw := r.DatabaseLogin("DB_URL", "postgres://app@db:5432/x?sslmode=disable", "DB_PASSWORD")
+	require.NoError(t, r.Err())
+	require.Equal(t, "p@ss:w/rd", pw)
+	require.Equal(t, "postgres://app:p%40ss%3Aw%2Frd@db:5432/x?sslmode=disable", u)
+	require.Equal(t, []string{"DB_URL", "DB_PASSWORD", "DB_PASSWORD_FILE"}, r.Names())
+
+	r = New(env("DB_URL", "postgres://app:inline@db/x"))
+	u, pw = r.DatabaseLogin("DB_URL", "", "DB_PASSWORD")
+	require.NoError(t, r.Err())
+	require.Empty(t, pw, "only a password from the variable is returned")
+	require.Equal(t, "postgres://app:inline@db/x", u)
+
+	r = New(env("DB_URL", "postgres://app:hunter2@db/x", "DB_PASSWORD", "s3cret"))
+	r.DatabaseLogin("DB_URL", "", "DB_PASSWORD")
+	require.ErrorContains(t, r.Err(), "DB_URL has a password and DB_PASSWORD (or DB_PASSWORD_FILE) is set")
+	require.NotContains(t, r.Err().Error(), "hunter2")
+	require.NotContains(t, r.Err().Error(), "s3cret")
+}

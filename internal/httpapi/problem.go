@@ -2,7 +2,8 @@
 // admin port share: problem details (RFC 9457) and the one function that
 // renders every error, strict JSON decoding that names the field at fault,
 // the Idempotency-Key header and the answers stored under it, health
-// endpoints, one log line per request, and serving with a graceful stop.
+// endpoints, the pages problem types resolve to, one log line per request,
+// and serving with bounded connections, sizes and times and a graceful stop.
 //
 // The domain packages (person, inbox) know nothing of HTTP; this package
 // turns their errors into answers.
@@ -11,17 +12,18 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
-	"net/http"
 	"time"
 )
 
 // ProblemContentType is the media type of every error body.
 const ProblemContentType = "application/problem+json"
 
-// Problem type URIs, relative references documented in the README. Clients
-// compare them as strings; the title is for humans.
+// Problem type URIs: relative references, which every listener resolves
+// to a page explaining the problem (see problemTypes, where each needs an
+// entry). Clients compare them as strings; the title is for humans.
 const (
 	TypeValidation           = "/problems/validation"
+	TypeUnauthorized         = "/problems/unauthorized"
 	TypeNotFound             = "/problems/not-found"
 	TypeMethodNotAllowed     = "/problems/method-not-allowed"
 	TypeUnsupportedMediaType = "/problems/unsupported-media-type"
@@ -30,6 +32,10 @@ const (
 	TypeDocumentTaken        = "/problems/document-number-taken"
 	TypeInternal             = "/problems/internal"
 	TypeUnavailable          = "/problems/unavailable"
+	TypeRequestTimeout       = "/problems/request-timeout"
+	// The sender's admin routes' own types.
+	TypeOutboxRowNotDead = "/problems/outbox-row-not-dead"
+	TypeNewKeyUnsafe     = "/problems/new-key-unsafe"
 )
 
 // FieldError names one input field and what is wrong with it.
@@ -71,7 +77,9 @@ func Validation(fields ...FieldError) *Problem {
 	if len(fields) == 1 {
 		detail = fields[0].Field + ": " + fields[0].Detail
 	}
-	return &Problem{Type: TypeValidation, Title: "Invalid request", Status: http.StatusBadRequest, Detail: detail, Errors: fields}
+	p := NewProblem(TypeValidation, detail)
+	p.Errors = fields
+	return p
 }
 
 // Field is Validation for a single field.
@@ -82,22 +90,22 @@ func Field(field, detail string) *Problem {
 // DocumentTaken is the 409 of the one-per-document-number rule; detail
 // says whose rule it is.
 func DocumentTaken(detail string) *Problem {
-	return &Problem{
-		Type: TypeDocumentTaken, Title: "Document number already in use", Status: http.StatusConflict,
-		Detail: detail, Errors: []FieldError{{Field: "document_number", Detail: "already in use"}},
-	}
+	p := NewProblem(TypeDocumentTaken, detail)
+	p.Errors = []FieldError{{Field: "document_number", Detail: "already in use"}}
+	return p
 }
 
 // NotFound is a 404 for the named resource.
 func NotFound(what string) *Problem {
-	return &Problem{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: what + " does not exist"}
+	return NewProblem(TypeNotFound, what+" does not exist")
 }
 
 // Unavailable is a 503 with Retry-After: a dependency the answer needs is
 // down.
 func Unavailable(detail string, cause error) *Problem {
-	return &Problem{Type: TypeUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-		Detail: detail, Cause: cause, RetryAfter: time.Second}
+	p := NewProblem(TypeUnavailable, detail)
+	p.Cause, p.RetryAfter = cause, time.Second
+	return p
 }
 
 // Body renders the problem as JSON. Characters such as & and < are sent as

@@ -27,6 +27,11 @@ func Render(w http.ResponseWriter, r *http.Request, err error) {
 	if p.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int((p.RetryAfter+time.Second-1)/time.Second)))
 	}
+	if p.Status == http.StatusRequestTimeout {
+		// The body that timed out is still partly on its way: nothing else
+		// can be read on this connection.
+		w.Header().Set("Connection", "close")
+	}
 	w.Header().Set("Content-Type", ProblemContentType)
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(p.Body())
@@ -48,38 +53,25 @@ func asProblem(err error) *Problem {
 		}
 		return Validation(fields...)
 	case errors.As(err, &mismatch):
-		p := &Problem{
-			Type: TypeIdempotencyMismatch, Title: "Idempotency key reused with a different request",
-			Status: http.StatusUnprocessableEntity,
-			Detail: "this Idempotency-Key was first used with a request whose fields differ; use a new key for a new request",
-		}
+		p := NewProblem(TypeIdempotencyMismatch,
+			"this Idempotency-Key was first used with a request whose fields differ; use a new key for a new request")
 		for _, f := range mismatch.Fields {
 			p.Errors = append(p.Errors, FieldError{Field: f, Detail: "differs from the first request sent with this key"})
 		}
 		return p
 	case errors.Is(err, inbox.ErrKeyInProgress):
-		return &Problem{
-			Type: TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict,
-			Detail:     "another request with this Idempotency-Key is still being processed; retry later",
-			RetryAfter: time.Second,
-		}
+		p := NewProblem(TypeIdempotencyBusy, "another request with this Idempotency-Key is still being processed; retry later")
+		p.RetryAfter = time.Second
+		return p
 	case errors.Is(err, database.ErrUnavailable):
 		// The cause (which may name hosts, ports or SQL) stays in the log.
-		return &Problem{
-			Type: TypeUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-			Detail:     "the database is unavailable or did not answer in time; retry later",
-			RetryAfter: time.Second,
-		}
+		return Unavailable("the database is unavailable or did not answer in time; retry later", nil)
 	case errors.Is(err, inbox.ErrConflictInProgress):
 		// Nothing is wrong with the request; it could not be decided in
 		// time because a conflicting one still holds a lock.
-		return &Problem{
-			Type: TypeUnavailable, Title: "Busy", Status: http.StatusServiceUnavailable,
-			Detail:     "a conflicting request is still being processed; retry later",
-			RetryAfter: time.Second,
-		}
+		return Unavailable("a conflicting request is still being processed; retry later", nil)
 	}
-	return &Problem{Type: TypeInternal, Title: "Internal server error", Status: http.StatusInternalServerError}
+	return NewProblem(TypeInternal, "")
 }
 
 // HandlerFunc is an http.HandlerFunc that returns its error instead of

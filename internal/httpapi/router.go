@@ -17,24 +17,25 @@ import (
 
 // NewRouter returns a router with what every HTTP server of the project
 // shares: one log line per request, panics answered as 500 problems,
-// problem+json for unknown routes and methods, /healthz, and /readyz
-// backed by ping.
+// problem+json for unknown routes and methods, repeated query parameters
+// refused, /healthz, /readyz backed by ping, and the page of every
+// problem type under /problems.
 func NewRouter(log *slog.Logger, ping func(context.Context) error) chi.Router {
 	r := chi.NewRouter()
 	// HEAD is answered wherever GET is (net/http drops the body).
-	r.Use(LogRequests(log), recoverPanics, middleware.GetHead)
+	// A repeated query parameter is refused before routing, so no handler
+	// can quietly take one of its values.
+	r.Use(LogRequests(log), recoverPanics, middleware.GetHead, rejectRepeatedQuery)
 	r.NotFound(notFound)
 	r.MethodNotAllowed(methodNotAllowed(r))
 	r.Get("/healthz", Handle(healthz))
 	r.Get("/readyz", Handle(readyz(ping)))
+	problemPages(r)
 	return r
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {
-	Render(w, r, &Problem{
-		Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound,
-		Detail: "no route for " + r.Method + " " + r.URL.Path,
-	})
+	Render(w, r, NewProblem(TypeNotFound, "no route for "+r.Method+" "+r.URL.Path))
 }
 
 // methodNotAllowed answers 405 with the Allow header RFC 9110 asks for:
@@ -49,10 +50,8 @@ func methodNotAllowed(routes chi.Routes) http.HandlerFunc {
 			}
 		}
 		w.Header().Set("Allow", strings.Join(allow, ", "))
-		Render(w, r, &Problem{
-			Type: TypeMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
-			Detail: r.Method + " is not supported on " + r.URL.Path + "; allowed: " + strings.Join(allow, ", "),
-		})
+		Render(w, r, NewProblem(TypeMethodNotAllowed,
+			r.Method+" is not supported on "+r.URL.Path+"; allowed: "+strings.Join(allow, ", ")))
 	}
 }
 
@@ -117,8 +116,12 @@ func recoverPanics(next http.Handler) http.Handler {
 	})
 }
 
-// requestLog is what a request's log line collects while it runs.
-type requestLog struct{ err error }
+// requestLog is what a request's log line collects while it runs: the
+// error behind a 5xx, and the authenticated caller (see Authenticate).
+type requestLog struct {
+	err    error
+	caller string
+}
 
 type requestLogKey struct{}
 
@@ -126,6 +129,13 @@ type requestLogKey struct{}
 func noteError(r *http.Request, err error) {
 	if rl, ok := r.Context().Value(requestLogKey{}).(*requestLog); ok {
 		rl.err = err
+	}
+}
+
+// noteCaller attaches the authenticated caller to the request's log line.
+func noteCaller(r *http.Request, caller string) {
+	if rl, ok := r.Context().Value(requestLogKey{}).(*requestLog); ok {
+		rl.caller = caller
 	}
 }
 
@@ -143,6 +153,9 @@ func LogRequests(log *slog.Logger) func(http.Handler) http.Handler {
 			attrs := []slog.Attr{
 				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", sw.status),
 				slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+			}
+			if rl.caller != "" {
+				attrs = append(attrs, slog.String("caller", rl.caller))
 			}
 			if sw.status >= 500 {
 				level = slog.LevelError

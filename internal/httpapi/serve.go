@@ -10,21 +10,55 @@ import (
 	"time"
 )
 
-// ListenAndServe listens on addr and serves h until ctx ends (see Serve).
-// The timeouts keep a slow or stuck client from holding a connection open.
-func ListenAndServe(ctx context.Context, log *slog.Logger, addr string, h http.Handler) error {
+// The limits of every HTTP server of the project (the README's Limits
+// table lists them with what a client gets past each). They keep a slow,
+// stuck or hostile client from holding a connection, a goroutine or memory.
+const (
+	// ReadHeaderTimeout bounds the request line and headers. A client that
+	// has not sent them in time gets no answer: net/http closes the
+	// connection before any handler runs.
+	ReadHeaderTimeout = 5 * time.Second
+	// ReadTimeout bounds the whole request, headers and body, from its
+	// first byte. A body that stops arriving makes the body read fail here,
+	// and DecodeJSON answers 408.
+	ReadTimeout = 15 * time.Second
+	// WriteTimeout bounds the answer, from the end of the headers. It is
+	// longer than the default database deadlines (at most 8s), so that a
+	// slow database ends in a 503, not in a cut connection.
+	WriteTimeout = 30 * time.Second
+	// IdleTimeout is how long a kept-alive connection waits for its next
+	// request.
+	IdleTimeout = 2 * time.Minute
+	// MaxHeaderBytes bounds the request line and headers; the APIs need a
+	// few hundred bytes. net/http allows 4 KiB more than this before it
+	// answers 431 on its own.
+	MaxHeaderBytes = 16 << 10
+	// ShutdownGrace is how long requests in flight may run once the
+	// server starts to stop.
+	ShutdownGrace = 10 * time.Second
+)
+
+// NewServer returns the http.Server every listener of the project uses,
+// with the limits above.
+func NewServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadTimeout:       ReadTimeout,
+		WriteTimeout:      WriteTimeout,
+		IdleTimeout:       IdleTimeout,
+		MaxHeaderBytes:    MaxHeaderBytes,
+	}
+}
+
+// ListenAndServe listens on addr and serves h until ctx ends (see Serve),
+// with at most maxConns connections open at once (see LimitListener).
+func ListenAndServe(ctx context.Context, log *slog.Logger, addr string, maxConns int, h http.Handler) error {
 	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       15 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-	}
-	return Serve(ctx, log, srv, ln, 10*time.Second)
+	return Serve(ctx, log, NewServer(h), LimitListener(ln, maxConns), ShutdownGrace)
 }
 
 // Serve runs srv on ln until ctx ends, then shuts down gracefully: the

@@ -2,7 +2,9 @@
 // operation's effect and the answer it produced are stored in one local
 // transaction, and a repeat of the key gets the stored answer back instead of
 // running again. Both services use it: Users for the sender's create-user
-// deliveries, Student for clients' POST /students.
+// deliveries, Student for clients' POST /students. A key lives in its
+// caller's scope (Key): Users' callers authenticate, and the same key from
+// two of them is two operations.
 //
 // It knows keys, fingerprints and the inbox table, and nothing of HTTP: the
 // answer it stores is data (a status and a body), and its refusals are
@@ -18,6 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -91,6 +94,30 @@ func DifferingFields(stored []byte, r Request) ([]string, error) {
 	return names, nil
 }
 
+// Key is an idempotency key in its caller's scope. A key is its client's
+// own name for an operation, and two clients may well choose the same one:
+// the same key from two callers is two operations, and neither can replay,
+// wait on or probe (through a 422's list of differing fields) the other's.
+type Key struct {
+	// Caller is who sent the key: Users' authenticated caller, or
+	// Anonymous where callers are not told apart.
+	Caller string
+	// Value is the key itself, as ParseKey returns it.
+	Value string
+}
+
+// Anonymous is the caller of a service that authenticates no one, such as
+// Student's public POST /students: all its clients share one key space.
+// Authenticated callers always have a name, so none is Anonymous.
+const Anonymous = ""
+
+func (k Key) String() string {
+	if k.Caller == Anonymous {
+		return strconv.Quote(k.Value)
+	}
+	return strconv.Quote(k.Value) + " of caller " + strconv.Quote(k.Caller)
+}
+
 // Outcome is the answer an operation produced: the status and body to send,
 // and the id of what it created, if anything. It is stored with the key.
 type Outcome struct {
@@ -126,7 +153,7 @@ func New(pool *pgxpool.Pool) *Inbox {
 	return &Inbox{pool: pool, q: inboxdb.New(), LockTimeout: 5 * time.Second, Timeout: 10 * time.Second}
 }
 
-// Do runs op once for key. The first request for a key claims it, runs op
+// Do runs op once for key (in its caller's scope). The first request for a key claims it, runs op
 // and stores the outcome in one transaction. A repeat with the same
 // fingerprint gets the stored outcome back with replayed set and runs
 // nothing. A repeat with a different fingerprint is a *MismatchError naming
@@ -134,10 +161,10 @@ func New(pool *pgxpool.Pool) *Inbox {
 // is still in its transaction waits for that transaction (PostgreSQL's
 // unique index does the waiting) and then replays its outcome; if the wait
 // exceeds LockTimeout the error is ErrKeyInProgress.
-func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Outcome, replayed bool, err error) {
+func (ib *Inbox) Do(ctx context.Context, key Key, req Request, op Op) (out Outcome, replayed bool, err error) {
 	err = ib.tx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := ib.q.ClaimKey(ctx, tx, inboxdb.ClaimKeyParams{
-			IdempotencyKey: key, RequestHash: req.Fingerprint(), Request: req.canonical(),
+			Caller: key.Caller, IdempotencyKey: key.Value, RequestHash: req.Fingerprint(), Request: req.canonical(),
 		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -153,7 +180,8 @@ func (ib *Inbox) Do(ctx context.Context, key string, req Request, op Op) (out Ou
 			return err
 		}
 		if err := ib.q.SaveOutcome(ctx, tx, inboxdb.SaveOutcomeParams{
-			IdempotencyKey: key,
+			Caller:         key.Caller,
+			IdempotencyKey: key.Value,
 			StatusCode:     pgtype.Int4{Int32: int32(out.Status), Valid: true}, //nolint:gosec // an HTTP status, three digits
 			ResponseBody:   pgtype.Text{String: string(out.Body), Valid: true},
 			ResourceID:     uuid.NullUUID{UUID: out.ResourceID, Valid: out.ResourceID != uuid.Nil},
@@ -204,8 +232,8 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
-func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key string, req Request) (Outcome, error) {
-	row, err := ib.q.GetKey(ctx, tx, key)
+func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key Key, req Request) (Outcome, error) {
+	row, err := ib.q.GetKey(ctx, tx, inboxdb.GetKeyParams{Caller: key.Caller, IdempotencyKey: key.Value})
 	if err != nil {
 		return Outcome{}, fmt.Errorf("load idempotency key: %w", err)
 	}
@@ -219,9 +247,9 @@ func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key string, req Request)
 	if !row.StatusCode.Valid {
 		// The claim and the outcome are written in one transaction, so a
 		// visible row without an outcome means the schema was changed by hand.
-		return Outcome{}, fmt.Errorf("idempotency key %q has no stored outcome", key)
+		return Outcome{}, fmt.Errorf("idempotency key %s has no stored outcome", key)
 	}
-	if err := ib.q.CountReplay(ctx, tx, key); err != nil {
+	if err := ib.q.CountReplay(ctx, tx, inboxdb.CountReplayParams{Caller: key.Caller, IdempotencyKey: key.Value}); err != nil {
 		return Outcome{}, fmt.Errorf("count replay: %w", err)
 	}
 	return Outcome{Status: int(row.StatusCode.Int32), Body: []byte(row.ResponseBody.String), ResourceID: row.ResourceID.UUID}, nil

@@ -7,6 +7,7 @@
 package person
 
 import (
+	"fmt"
 	"net/mail"
 	"strings"
 	"unicode"
@@ -87,17 +88,55 @@ func checkName(s string) string {
 	if utf8.RuneCountInString(s) > MaxName {
 		return "must be at most 200 characters"
 	}
-	for _, r := range s {
-		if unicode.IsControl(r) {
-			return "must not contain control characters"
+	return checkInvisible(s, true)
+}
+
+// checkInvisible refuses control characters (category Cc), line and
+// paragraph separators (a name is one line), and format characters (Cf):
+// bidirectional overrides and isolates such as U+202E, which make text
+// display in another order than it is stored, zero-width spaces (U+200B),
+// the byte order mark (U+FEFF), the soft hyphen. They are invisible or
+// rearrange what is shown, so two names that look the same could differ,
+// and a name could disguise what follows it in a log or a list.
+//
+// With joiners, a name keeps the zero-width non-joiner and joiner (U+200C,
+// U+200D) between two letters or marks, where Persian and several Indic
+// scripts need them to spell a name; elsewhere (leading, trailing, doubled,
+// beside a space) they only hide something. RFC 5892's CONTEXTJ rule for
+// domain names is the model, simplified.
+func checkInvisible(s string, joiners bool) string {
+	runes := []rune(s)
+	for i, r := range runes {
+		switch {
+		case unicode.IsControl(r):
+			return fmt.Sprintf("must not contain control characters (U+%04X)", r)
+		case unicode.In(r, unicode.Zl, unicode.Zp):
+			return fmt.Sprintf("must not contain line or paragraph separators (U+%04X)", r)
+		case unicode.Is(unicode.Cf, r):
+			if joiners && (r == zwnj || r == zwj) && i > 0 && i+1 < len(runes) && letterOrMark(runes[i-1]) && letterOrMark(runes[i+1]) {
+				continue
+			}
+			return fmt.Sprintf("must not contain invisible formatting characters (U+%04X)", r)
 		}
 	}
 	return ""
 }
 
+const (
+	zwnj = '\u200c' // zero-width non-joiner
+	zwj  = '\u200d' // zero-width joiner
+)
+
+func letterOrMark(r rune) bool { return unicode.IsLetter(r) || unicode.IsMark(r) }
+
 func checkEmail(s string) string {
 	if len(s) > MaxEmail {
 		return "must be at most 254 characters"
+	}
+	// net/mail takes any non-ASCII character in an address (RFC 6532);
+	// an invisible one would make two addresses that look the same.
+	if why := checkInvisible(s, false); why != "" {
+		return why
 	}
 	a, err := mail.ParseAddress(s)
 	if err != nil || a.Address != s || a.Name != "" {

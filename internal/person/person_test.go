@@ -22,7 +22,7 @@ func TestValidateNamesEveryField(t *testing.T) {
 	var invalid *InvalidError
 	require.ErrorAs(t, err, &invalid, "got %v", err)
 	require.Equal(t, []FieldError{
-		{Field: "name", Detail: "must not contain control characters"},
+		{Field: "name", Detail: "must not contain control characters (U+0007)"},
 		{Field: "email", Detail: "required"},
 		{Field: "document_number", Detail: "must be 3 to 32 characters"},
 	}, invalid.Fields)

@@ -29,8 +29,15 @@ import (
 type Binary struct {
 	Name        string         // "student", "users" or "outbox-sender": the service attribute of every log line
 	Migrations  migrations.Set // "" when the binary has no "migrate" subcommand
-	DatabaseURL string
-	MaxConns    int32 // the pool's size; 0 for pgx's default
+	DatabaseURL string         // the binary's own login, as its runtime role
+	MaxConns    int32          // the pool's size; 0 for pgx's default
+	// MigrateDatabaseURL is the administrator's login, which only
+	// "migrate" uses: it creates the roles and has the owner apply the
+	// migrations (see migrations.Migrate).
+	MigrateDatabaseURL string
+	// Logins are the runtime roles of the binary's database, each with the
+	// password "migrate" gives it.
+	Logins []Login
 	// DatabaseTimeout is the server's statement_timeout on every connection
 	// the binary serves with (see internal/database); "migrate" runs without
 	// one, since a migration may legitimately take minutes.
@@ -47,6 +54,14 @@ type Binary struct {
 	Commands map[string]Command
 }
 
+// Login is a runtime role's password for "migrate", and the variable it
+// was read from, which an error names when it is missing.
+type Login struct {
+	Role     string // such as migrations.StudentApp
+	Variable string // such as "STUDENT_DATABASE_PASSWORD"; its _FILE form counts too
+	Password string
+}
+
 // Command is a subcommand: it gets the pool and its own arguments.
 type Command func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error
 
@@ -57,11 +72,12 @@ type Part struct {
 	Run  func(ctx context.Context) error
 }
 
-// Server is the Part that serves h on addr, read from the variable addrVar.
-func Server(log *slog.Logger, addrVar, addr string, h http.Handler) Part {
+// Server is the Part that serves h on addr, read from the variable addrVar,
+// with at most maxConns connections open at once.
+func Server(log *slog.Logger, addrVar, addr string, maxConns int, h http.Handler) Part {
 	return Part{
 		Name: addrVar + "=" + addr,
-		Run:  func(ctx context.Context) error { return httpapi.ListenAndServe(ctx, log, addr, h) },
+		Run:  func(ctx context.Context) error { return httpapi.ListenAndServe(ctx, log, addr, maxConns, h) },
 	}
 }
 
@@ -92,11 +108,10 @@ func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error 
 		return err
 	}
 	log = log.With(slog.String("service", b.Name))
-	migrate := !ok && len(args) == 1 && args[0] == "migrate"
-	limits := database.Limits{MaxConns: b.MaxConns, StatementTimeout: b.DatabaseTimeout}
-	if migrate {
-		limits.StatementTimeout = 0
+	if !ok && len(args) == 1 && args[0] == "migrate" {
+		return b.migrate(ctx, log)
 	}
+	limits := database.Limits{MaxConns: b.MaxConns, StatementTimeout: b.DatabaseTimeout}
 	pool, err := database.Open(ctx, b.DatabaseURL, limits) // its errors never echo the URL, which may hold a password
 	if err != nil {
 		return err
@@ -106,14 +121,36 @@ func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error 
 	if ok {
 		return command(ctx, pool, args[1:], stdout)
 	}
-	if migrate {
-		if err := migrations.Up(ctx, pool, b.Migrations); err != nil {
-			return err
-		}
-		log.Info("migrations applied")
-		return nil
-	}
 	return runParts(ctx, b.Start(log, pool))
+}
+
+// migrate logs in as the administrator and applies the migrations. It
+// needs every runtime role's password: a role left without one could not
+// log in, and the failure would only show when its process starts.
+func (b Binary) migrate(ctx context.Context, log *slog.Logger) error {
+	var missing []string
+	passwords := map[string]string{}
+	for _, l := range b.Logins {
+		if l.Password == "" {
+			missing = append(missing, fmt.Sprintf("%s (or %s_FILE)", l.Variable, l.Variable))
+		}
+		passwords[l.Role] = l.Password
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("migrate: %s required: migrate sets the password each runtime role logs in with",
+			strings.Join(missing, ", "))
+	}
+	// No statement_timeout: a migration may take minutes. The other limits
+	// apply.
+	cfg, err := database.Config(b.MigrateDatabaseURL, database.Limits{}) // its errors never echo the URL
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if err := migrations.Migrate(ctx, cfg.ConnConfig, b.Migrations, passwords); err != nil {
+		return err
+	}
+	log.Info("migrations applied")
+	return nil
 }
 
 func firstOf(args []string) string {

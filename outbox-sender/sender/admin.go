@@ -24,11 +24,11 @@ const (
 	MaxBulk     = 1000
 )
 
-// Problem types of the redrive routes.
+// Problem types of the redrive routes, registered with their pages in
+// httpapi like every other.
 const (
-	TypeNotDead       = "/problems/outbox-row-not-dead"
-	TypeNewKeyUnsafe  = "/problems/new-key-unsafe"
-	typeJSONRequired  = httpapi.TypeUnsupportedMediaType
+	TypeNotDead       = httpapi.TypeOutboxRowNotDead
+	TypeNewKeyUnsafe  = httpapi.TypeNewKeyUnsafe
 	redriveModeDetail = "want retry (same idempotency key) or new-operation (a new key)"
 )
 
@@ -142,10 +142,15 @@ func parseCursor(s string) (Cursor, error) {
 	return Cursor{At: time.UnixMicro(micros), ID: n}, nil
 }
 
+// rowID reads the row id in the path in its canonical form only: decimal
+// digits without sign or leading zeros, as the API writes it. ParseInt
+// alone would also take "+7" and "007", giving one row several URLs (see
+// httpapi.ParseUUID for the services' ids).
 func rowID(r *http.Request) (int64, error) {
-	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
-	if err != nil || id < 1 {
-		return 0, httpapi.Field("id", "must be a positive whole number")
+	raw := chi.URLParam(r, "id")
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || id < 1 || strconv.FormatInt(id, 10) != raw {
+		return 0, httpapi.Field("id", "must be a positive whole number, written without sign or leading zeros")
 	}
 	return id, nil
 }
@@ -156,11 +161,10 @@ func answer(err error, id int64) error {
 	case errors.Is(err, ErrNotFound):
 		return httpapi.NotFound(fmt.Sprintf("outbox row %d", id))
 	case errors.Is(err, ErrNotDead):
-		return &httpapi.Problem{Type: TypeNotDead, Title: "Outbox row is not dead", Status: http.StatusConflict,
-			Detail: fmt.Sprintf("outbox row %d cannot be redriven: %v", id, err)}
+		return httpapi.NewProblem(TypeNotDead, fmt.Sprintf("outbox row %d cannot be redriven: %v", id, err))
 	case errors.Is(err, ErrNewKeyUnsafe):
-		return &httpapi.Problem{Type: TypeNewKeyUnsafe, Title: "A new key could create a second user", Status: http.StatusConflict,
-			Detail: fmt.Sprintf("outbox row %d: %v; redrive with retry, or check Users for the row's keys and send \"force\": true", id, err)}
+		return httpapi.NewProblem(TypeNewKeyUnsafe,
+			fmt.Sprintf("outbox row %d: %v; redrive with retry, or check Users for the row's keys and send \"force\": true", id, err))
 	}
 	return err
 }
@@ -170,8 +174,7 @@ func answer(err error, id int64) error {
 // without asking first.
 func requireJSON(r *http.Request) error {
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return &httpapi.Problem{Type: typeJSONRequired, Title: "Unsupported media type", Status: http.StatusUnsupportedMediaType,
-			Detail: "send the body as application/json"}
+		return httpapi.NewProblem(httpapi.TypeUnsupportedMediaType, "send the body as application/json")
 	}
 	return nil
 }

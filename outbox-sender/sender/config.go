@@ -5,6 +5,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/envconfig"
 )
 
@@ -34,14 +36,26 @@ type Config struct {
 	// connections: it bounds each claim and each statement that records
 	// answers.
 	DatabaseTimeout time.Duration // SENDER_DATABASE_TIMEOUT
+
+	// UsersToken is the bearer token the sender authenticates to Users
+	// with. Serving needs it (Run checks); "dead" and "healthcheck" do not.
+	UsersToken auth.Secret // SENDER_USERS_TOKEN or SENDER_USERS_TOKEN_FILE
+
+	// AdminMaxConns caps the admin port's open connections.
+	AdminMaxConns int // SENDER_ADMIN_MAX_CONNS
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
 // variables read, for the test that checks docker-compose.yml.
 func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e := envconfig.New(getenv)
+	// The sender logs in to Student's database as its own role, which may
+	// touch only the outbox and the students' link to their user; the
+	// password may come from a file.
+	dbURL, _ := e.DatabaseLogin("SENDER_DATABASE_URL",
+		"postgres://"+migrations.OutboxSender+"@localhost:5432/student?sslmode=disable", "SENDER_DATABASE_PASSWORD")
 	c := Config{
-		DatabaseURL: e.DatabaseURL("SENDER_DATABASE_URL", "postgres://postgres@localhost:5432/student?sslmode=disable"),
+		DatabaseURL: dbURL,
 		UsersURL:    e.URL("SENDER_USERS_URL", "http://localhost:8081", "http", "https"),
 		AdminAddr:   e.String("SENDER_ADMIN_ADDR", ":8082"),
 		ID: e.Computed("SENDER_ID", "hostname-pid", func() string {
@@ -69,6 +83,18 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// student?" for the recent past; the history goes with them.
 		DeliveredRetention: e.Duration("SENDER_DELIVERED_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		PurgeInterval:      e.Duration("SENDER_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
+
+		// An operator or two, a Prometheus scraper and the healthcheck:
+		// 64 is plenty, and bounds what a runaway script can hold open on
+		// a process whose real work is delivery.
+		AdminMaxConns: e.Int("SENDER_ADMIN_MAX_CONNS", 64, 1, 1_000_000),
+	}
+	// A token Users could never accept is a mistake better caught at start
+	// than by every delivery's 401. The error never shows the token.
+	if tok := e.Secret("SENDER_USERS_TOKEN"); tok != "" {
+		err := auth.CheckToken(tok)
+		e.Check(err == nil, "SENDER_USERS_TOKEN: %w", err)
+		c.UsersToken = auth.Secret(tok)
 	}
 	e.Check(c.BackoffMin <= c.BackoffMax, "SENDER_BACKOFF_MIN=%s must not exceed SENDER_BACKOFF_MAX=%s", c.BackoffMin, c.BackoffMax)
 	// A claimed row waits for a free worker at most one batch's worth of

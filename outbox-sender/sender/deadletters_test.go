@@ -26,7 +26,7 @@ import (
 func adminAPI(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
 	r := httpapi.NewRouter(slog.New(slog.DiscardHandler), pool.Ping)
-	AdminRoutes(r, NewOperator(pool, "test-admin", 0))
+	AdminRoutes(r, NewOperator(asSender(t, pool), "test-admin", 0))
 	ts := httptest.NewServer(r)
 	t.Cleanup(ts.Close)
 	return ts.URL
@@ -215,7 +215,7 @@ func TestRedrivenRowIsDeliveredAndLinked(t *testing.T) {
 	require.NoError(t, err)
 	var id int64
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&id))
-	done, err := NewOperator(pool, "test", 0).Redrive(context.Background(), id, ModeRetry, false)
+	done, err := NewOperator(asSender(t, pool), "test", 0).Redrive(context.Background(), id, ModeRetry, false)
 	require.NoError(t, err)
 	require.True(t, done.Changed)
 
@@ -302,7 +302,7 @@ func TestListPagesNewestFirst(t *testing.T) {
 	addStudents(t, pool, 5)
 	_, err := pool.Exec(context.Background(), "UPDATE outbox SET state = 'dead', dead_at = now() - (id || ' minutes')::interval")
 	require.NoError(t, err)
-	o := NewOperator(pool, "test", 0)
+	o := NewOperator(asSender(t, pool), "test", 0)
 	var seen []int64
 	f := Filter{State: "dead", Limit: 2}
 	for range 5 {
@@ -342,7 +342,7 @@ func TestHistoryIsBounded(t *testing.T) {
 	require.Equal(t, historyKeep-1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE reason_class = 'users-unavailable'"))
 
 	// Redrives start the attempts again; the history stays bounded all the same.
-	o := NewOperator(pool, "test", 0)
+	o := NewOperator(asSender(t, pool), "test", 0)
 	var id int64
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&id))
 	for range historyKeep + 5 {
@@ -372,7 +372,7 @@ func TestPurgeKeepsDeadRows(t *testing.T) {
 	_, err = pool.Exec(context.Background(), `INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, actor, idempotency_key)
 		SELECT id, 'attempt', 1, state, 'test', idempotency_key FROM outbox`)
 	require.NoError(t, err)
-	s := New(quiet, pool, Config{DeliveredRetention: 7 * 24 * time.Hour})
+	s := New(quiet, asSender(t, pool), Config{DeliveredRetention: 7 * 24 * time.Hour})
 	n, err := s.PurgeDelivered(context.Background(), 1)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, n, "one batch at a time until none is left")
@@ -392,7 +392,7 @@ func TestDeadCommands(t *testing.T) {
 	require.NoError(t, err)
 	var id int64
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&id))
-	env := apitest.Env("SENDER_DATABASE_URL", dbURL)
+	env := apitest.Env("SENDER_DATABASE_URL", pgtest.RoleURL(t, dbURL, migrations.OutboxSender))
 	cli := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		err := Run(context.Background(), append([]string{"dead"}, args...), env, &out)

@@ -16,6 +16,10 @@ type metrics struct {
 	results  *prometheus.CounterVec
 	dead     *prometheus.CounterVec
 	duration prometheus.Histogram
+	// authFailures counts deliveries Users refused for the sender's
+	// credentials: any increase is a misconfiguration to fix now, since
+	// every row fails alike until it is.
+	authFailures *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -36,6 +40,10 @@ func newMetrics() *metrics {
 			Help:    "Time from sending a row to Users until its answer (or failure).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
 		}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_sender_auth_failures_total",
+			Help: "Deliveries Users refused for the sender's credentials (401 or 403), by status: a misconfiguration, alert on any increase.",
+		}, []string{"status"}),
 	}
 }
 
@@ -46,7 +54,7 @@ func (v verdict) String() string {
 // Collectors returns the sender's metrics and a collector of the outbox's
 // state in the database, for registering on a registry.
 func (s *Sender) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.metrics.claimed, s.metrics.results, s.metrics.dead, s.metrics.duration, &outboxCollector{s: s}}
+	return []prometheus.Collector{s.metrics.claimed, s.metrics.results, s.metrics.dead, s.metrics.duration, s.metrics.authFailures, &outboxCollector{s: s}}
 }
 
 var (

@@ -9,6 +9,11 @@ const (
 	ReasonUsersUnavailable = "users-unavailable" // Users answered 5xx, 408 or 429
 	ReasonKeyInProgress    = "key-in-progress"   // 409: Users is still processing the same key
 	ReasonUnexpectedAnswer = "unexpected-answer" // any other answer, such as a stray 404, or a 2xx without a userId (dead)
+	// Users (or a proxy before it) refused the sender's credentials: 401
+	// or 403. A misconfiguration (SENDER_USERS_TOKEN missing, wrong, or
+	// not in USERS_API_TOKENS), never the row's fault: retried, never
+	// dead-lettered for it, and counted apart (outbox_sender_auth_failures_total).
+	ReasonUsersAuthRefused = "users-auth-refused"
 
 	// Permanent: the row is dead-lettered.
 	ReasonRefused           = "refused"            // 409: Users' business rule said no (document number taken)
@@ -22,7 +27,7 @@ const (
 
 // ReasonClasses lists every class, for validating filters.
 var ReasonClasses = []string{
-	ReasonUsersUnreachable, ReasonUsersUnavailable, ReasonKeyInProgress, ReasonUnexpectedAnswer,
+	ReasonUsersUnreachable, ReasonUsersUnavailable, ReasonKeyInProgress, ReasonUnexpectedAnswer, ReasonUsersAuthRefused,
 	ReasonRefused, ReasonInvalid, ReasonKeyReused, ReasonExpired, ReasonAttemptsExhausted,
 	ReasonConflict, ReasonSenderError,
 }

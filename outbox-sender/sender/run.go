@@ -20,8 +20,14 @@ import (
 // "dead ..." (commands.go); the sender has no migrations of its own
 // (Student's are applied by "student migrate").
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	cfg, _, err := LoadConfig(getenv)
-	if err != nil {
+	cfg, e, _ := LoadConfig(getenv)
+	if len(args) == 0 {
+		// Delivering needs the token; "dead" and "healthcheck" never call
+		// Users, so an operator's shell does not need it.
+		e.Require("SENDER_USERS_TOKEN", getenv("SENDER_USERS_TOKEN")+getenv("SENDER_USERS_TOKEN_FILE"),
+			"Users answers authenticated callers only; give the token Users lists for the sender in USERS_API_TOKENS")
+	}
+	if err := e.Err(); err != nil {
 		return err
 	}
 	return service.Binary{
@@ -39,7 +45,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			reg.MustRegister(s.Collectors()...)
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			admin := httpapi.NewRouter(log, pool.Ping)
-			admin.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+			admin.Get("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP)
 			AdminRoutes(admin, NewOperator(pool, "admin-api@"+cfg.ID, cfg.DatabaseTimeout))
 
 			log.Info("sender starting", slog.String("users_url", cfg.UsersURL), slog.Int("batch_size", cfg.BatchSize),
@@ -49,7 +55,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				{Name: "outbox purge", Run: s.PurgeLoop},
 				// Without its admin port the sender is unobservable: if the
 				// server fails, the whole process stops.
-				service.Server(log, "SENDER_ADMIN_ADDR", cfg.AdminAddr, admin),
+				service.Server(log, "SENDER_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, admin),
 			}
 		},
 	}.Run(ctx, args, stdout)

@@ -3,7 +3,9 @@ package sender
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +26,17 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	require.ErrorContains(t, err, "SENDER_DATABASE_TIMEOUT=30s must be shorter than SENDER_LEASE=30s")
 	err = Run(context.Background(), []string{"migrate"}, apitest.Env(), &bytes.Buffer{})
 	require.ErrorContains(t, err, "want none, or one of dead, healthcheck")
+
+	// Delivering needs a token Users could accept; the error never shows it.
+	err = Run(context.Background(), nil, apitest.Env(), &bytes.Buffer{})
+	require.ErrorContains(t, err, "SENDER_USERS_TOKEN (or SENDER_USERS_TOKEN_FILE) is required")
+	err = Run(context.Background(), nil, apitest.Env("SENDER_USERS_TOKEN", "hunter2"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "SENDER_USERS_TOKEN: a token must be at least 16 characters")
+	require.NotContains(t, err.Error(), "hunter2")
+	require.NotContains(t, err.Error(), "is required")
+	cfg, _, err := LoadConfig(apitest.Env("SENDER_USERS_TOKEN", testToken))
+	require.NoError(t, err)
+	require.NotContains(t, fmt.Sprintf("%v %+v %#v", cfg, cfg, cfg), testToken, "a printed Config hides the token")
 }
 
 // TestRunDeliversAndStops runs the sender as main does: admin endpoints up,
@@ -35,8 +48,13 @@ func TestRunDeliversAndStops(t *testing.T) {
 	addStudents(t, pool, 3)
 	_, usersURL := newFakeUsers(t, nil)
 	admin := apitest.FreeAddr(t)
-	env := apitest.Env("SENDER_DATABASE_URL", dbURL, "SENDER_USERS_URL", usersURL, "SENDER_ADMIN_ADDR", admin,
-		"SENDER_POLL_INTERVAL", "10ms", "LOG_LEVEL", "debug")
+	// The sender logs in as its own role, its password from a variable.
+	roleURL, err := url.Parse(pgtest.RoleURL(t, dbURL, migrations.OutboxSender))
+	require.NoError(t, err)
+	password, _ := roleURL.User.Password()
+	roleURL.User = url.User(migrations.OutboxSender)
+	env := apitest.Env("SENDER_DATABASE_URL", roleURL.String(), "SENDER_DATABASE_PASSWORD", password, "SENDER_USERS_URL", usersURL, "SENDER_ADMIN_ADDR", admin,
+		"SENDER_POLL_INTERVAL", "10ms", "LOG_LEVEL", "debug", "SENDER_USERS_TOKEN", testToken)
 	var logs bytes.Buffer
 	stop := apitest.RunUntilReady(t, "http://"+admin+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
 	require.Eventually(t, func() bool {
@@ -54,8 +72,14 @@ func TestRunDeliversAndStops(t *testing.T) {
 	require.Contains(t, m, `outbox_rows{state="pending"} 0`)
 	require.Contains(t, m, "outbox_sender_claimed_total 3")
 	require.Contains(t, m, "outbox_oldest_pending_age_seconds 0")
+	// The admin listener is built like the services': /metrics is a GET
+	// route (405 with Allow otherwise), and the problem pages are served.
+	post := apitest.Do(t, http.MethodPost, "http://"+admin+"/metrics", "{}")
+	require.Equal(t, http.StatusMethodNotAllowed, post.Status)
+	require.Equal(t, "GET, HEAD", post.Header.Get("Allow"))
+	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, "http://"+admin+TypeNotDead, "").Status)
 	var out bytes.Buffer
-	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, env, &out))
+	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, apitest.Env("SENDER_ADMIN_ADDR", admin), &out), "healthcheck needs no token")
 	require.NoError(t, stop())
 	require.Contains(t, logs.String(), `"msg":"sender stopped"`)
 	require.Contains(t, logs.String(), `"service":"outbox-sender"`)

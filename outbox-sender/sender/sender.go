@@ -47,6 +47,9 @@ type Sender struct {
 	q       *outboxdb.Queries
 	client  *http.Client
 	metrics *metrics
+	// authAlarm paces the error logged when Users refuses the sender's
+	// credentials: loud, but not a line per row.
+	authAlarm alarm
 }
 
 // New returns a Sender on Student's database (pool) delivering to
@@ -199,6 +202,8 @@ func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", row.IdempotencyKey.String())
+	// Users scopes the key to the caller this token names.
+	req.Header.Set("Authorization", "Bearer "+string(s.cfg.UsersToken))
 	// Go's Transport re-sends a request whose reused connection broke before
 	// the answer, unseen, when it deems the request replayable, which the
 	// Idempotency-Key header makes it (net/http: Request.isReplayable). Such
@@ -254,6 +259,9 @@ func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byt
 	case code == http.StatusUnprocessableEntity && p.Type == httpapi.TypeIdempotencyMismatch:
 		return result{row: row, verdict: dead, class: ReasonKeyReused, err: why}
 	}
+	if code == http.StatusUnauthorized || code == http.StatusForbidden {
+		return s.authRefused(row, code, why, s.retryAfter(resp))
+	}
 	class := ReasonUnexpectedAnswer
 	switch {
 	case code == http.StatusConflict && p.Type == httpapi.TypeIdempotencyBusy:
@@ -262,6 +270,55 @@ func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byt
 		class = ReasonUsersUnavailable
 	}
 	return s.retryOrDie(row, class, why, s.retryAfter(resp))
+}
+
+// authRefused judges a 401 or 403: Users, or a proxy in front of it,
+// refused the sender's credentials. That says nothing about the row, whose
+// request Users never looked at: every row gets the same answer until a
+// person fixes SENDER_USERS_TOKEN or USERS_API_TOKENS. So the row is
+// retried like any transient failure and never dead-lettered for it, not
+// even by SENDER_MAX_ATTEMPTS (see retryOrDie), while the sender says so
+// loudly: an error log line naming the misconfiguration, and a counter.
+//
+// SENDER_MAX_AGE still applies. A 401 proves that this attempt did nothing,
+// not that no earlier one did: an attempt before the misconfiguration may
+// have created the user and lost its answer, which Users remembers under the
+// key for USERS_INBOX_RETENTION only. Retrying past the age limit could
+// then create a second user.
+func (s *Sender) authRefused(row outboxdb.ClaimDueRow, code int, why string, atLeast time.Duration) result {
+	s.metrics.authFailures.WithLabelValues(strconv.Itoa(code)).Inc()
+	if refused, ok := s.authAlarm.ring(time.Now(), authAlarmEvery); ok {
+		// The token is never logged; the URL and the status say where to look.
+		s.log.Error("Users refused the sender's credentials: misconfiguration, SENDER_USERS_TOKEN is missing, wrong, or not among Users' USERS_API_TOKENS; rows are retried, not dead-lettered, until it is fixed",
+			slog.Int("status", code), slog.String("users_url", s.cfg.UsersURL), slog.Int64("outbox_id", row.ID),
+			slog.Int("refused_since_last_log", refused))
+	}
+	why += ": Users refused the sender's credentials (check SENDER_USERS_TOKEN)"
+	return s.retryOrDie(row, ReasonUsersAuthRefused, why, atLeast)
+}
+
+// authAlarmEvery is how often, at most, the sender logs that Users refuses
+// its credentials; the counter counts every refusal.
+const authAlarmEvery = 10 * time.Second
+
+// alarm paces a log line that every row could trigger at once: it rings
+// for the first event and then at most once per interval, saying how many
+// events there were since it last rang.
+type alarm struct {
+	mu     sync.Mutex
+	last   time.Time
+	events int
+}
+
+func (a *alarm) ring(now time.Time, every time.Duration) (events int, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.events++
+	if !a.last.IsZero() && now.Sub(a.last) < every {
+		return 0, false
+	}
+	events, a.events, a.last = a.events, 0, now
+	return events, true
 }
 
 // retryAfter reads Retry-After in either form (seconds or an HTTP date),
@@ -282,9 +339,12 @@ func (s *Sender) retryAfter(resp *http.Response) time.Duration {
 }
 
 // retryOrDie schedules another attempt with exponential backoff and jitter,
-// or dead-letters the row once its attempts are used up.
+// or dead-letters the row once its attempts are used up. Refused
+// credentials never use them up: the cap is a safety net for a row that
+// keeps failing, and under a wrong token every row fails alike, so the cap
+// would dead-letter the whole outbox over one configuration mistake.
 func (s *Sender) retryOrDie(row outboxdb.ClaimDueRow, class, why string, atLeast time.Duration) result {
-	if int(row.Attempts) >= s.cfg.MaxAttempts {
+	if int(row.Attempts) >= s.cfg.MaxAttempts && class != ReasonUsersAuthRefused {
 		return result{row: row, verdict: dead, class: ReasonAttemptsExhausted,
 			err: fmt.Sprintf("gave up after %d attempts; last error (%s): %s", row.Attempts, class, why)}
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,9 +27,13 @@ import (
 
 var quiet = slog.New(slog.DiscardHandler)
 
+// testToken is the sender's token in these tests; the fake Users accepts
+// no other.
+const testToken = "sender-token-0123456789abcdef"
+
 func testConfig(usersURL string) Config {
 	return Config{
-		UsersURL: usersURL, ID: "test-sender",
+		UsersURL: usersURL, UsersToken: testToken, ID: "test-sender",
 		BatchSize: 10, Concurrency: 4, PollInterval: 10 * time.Millisecond,
 		Lease: 10 * time.Second, RequestTimeout: 300 * time.Millisecond,
 		MaxAttempts: 10, BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
@@ -66,10 +71,18 @@ func (r *running) wait(t *testing.T) {
 	require.NoError(t, r.stop())
 }
 
+// asSender opens a pool as outbox_sender on pool's database: the code
+// under test runs with the sender's grants, while the test sets up and
+// inspects with the administrator's pool.
+func asSender(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	return pgtest.As(t, pool, migrations.OutboxSender)
+}
+
 // run starts a sender; it is stopped at cleanup if the test does not.
 func run(t *testing.T, pool *pgxpool.Pool, cfg Config) *running {
 	t.Helper()
-	s := New(quiet, pool, cfg)
+	s := New(quiet, asSender(t, pool), cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	stop := apitest.Start(t, func(stopped context.Context) error {
 		context.AfterFunc(stopped, cancel)
@@ -93,7 +106,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // fakeUsers is a Users stand-in: answer decides what each delivery gets,
-// given the key and how many times that key was seen (from 1).
+// given the key and how many times that key was seen (from 1). Like Users,
+// it answers 401 to a request without the sender's token, unless answer
+// decides first.
 type fakeUsers struct {
 	mu     sync.Mutex
 	seen   map[string]int
@@ -128,6 +143,10 @@ func (f *fakeUsers) serve(w http.ResponseWriter, r *http.Request) {
 	if f.answer != nil && f.answer(w, r, key, n) {
 		return
 	}
+	if r.Header.Get("Authorization") != "Bearer "+testToken {
+		writeProblem(w, httpapi.Unauthorized("the bearer token is not valid"))
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	_ = json.NewEncoder(w).Encode(map[string]any{"userId": id, "status": "created"})
@@ -143,6 +162,16 @@ func (f *fakeUsers) bodyFor(key string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.bodies[key]
+}
+
+// firstKey returns a key the fake has seen (any, when it saw several).
+func (f *fakeUsers) firstKey() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := range f.seen {
+		return k
+	}
+	return ""
 }
 
 func (f *fakeUsers) keys() int {
@@ -382,9 +411,10 @@ func TestLateSuccessWinsOverDeadLetter(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
 	ids := addStudents(t, pool, 1)
-	s := New(quiet, pool, testConfig("http://127.0.0.1:1"))
+	sp := asSender(t, pool)
+	s := New(quiet, sp, testConfig("http://127.0.0.1:1"))
 	ctx := context.Background()
-	rows, err := s.q.ClaimDue(ctx, pool, outboxdb.ClaimDueParams{Lease: time.Minute, BatchSize: 1, MaxAge: time.Hour})
+	rows, err := s.q.ClaimDue(ctx, sp, outboxdb.ClaimDueParams{Lease: time.Minute, BatchSize: 1, MaxAge: time.Hour})
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
 	_, err = pool.Exec(ctx, "UPDATE outbox SET state = 'dead', dead_at = now(), last_error = 'gave up'")
@@ -543,4 +573,81 @@ func TestConfig(t *testing.T) {
 		_, _, err := LoadConfig(env(bad...))
 		require.ErrorContains(t, err, bad[0], "%v", bad)
 	}
+}
+
+// TestAuthRefusedIsRetriedNeverDead: Users refusing the sender's
+// credentials (401, or a proxy's 403) is a misconfiguration, not a verdict
+// on the row: the row is retried, even past SENDER_MAX_ATTEMPTS, never
+// dead-lettered for it; the sender says so at error level, paced, and
+// counts each refusal. Once the configuration is right, the row is
+// delivered. The token appears in no log line and no recorded error.
+func TestAuthRefusedIsRetriedNeverDead(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	const refusals = 5
+	users, url := newFakeUsers(t, func(w http.ResponseWriter, r *http.Request, _ string, n int) bool {
+		switch {
+		case n == refusals: // a proxy in front of Users
+			http.Error(w, "forbidden", http.StatusForbidden)
+		case n < refusals:
+			w.Header().Set("WWW-Authenticate", `Bearer realm="users", error="invalid_token"`)
+			writeProblem(w, httpapi.Unauthorized("the bearer token is not valid"))
+		default:
+			return false
+		}
+		return true
+	})
+	addStudents(t, pool, 1)
+	cfg := testConfig(url)
+	cfg.MaxAttempts = 2 // fewer than the refusals: the cap must not apply
+	logs := &apitest.Logs{}
+	s := New(slog.New(slog.NewJSONHandler(logs, nil)), asSender(t, pool), cfg)
+	stop := apitest.Start(t, s.Run)
+
+	eventually(t, "row delivered once the refusals stop", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == 1
+	})
+	require.NoError(t, stop())
+	require.Equal(t, refusals+1, count(t, pool, "SELECT attempts FROM outbox"))
+	require.Zero(t, testutil.ToFloat64(s.metrics.results.WithLabelValues("dead")))
+	require.InDelta(t, refusals, testutil.ToFloat64(s.metrics.results.WithLabelValues("retry")), 0)
+	require.InDelta(t, refusals-1, testutil.ToFloat64(s.metrics.authFailures.WithLabelValues("401")), 0)
+	require.InDelta(t, 1, testutil.ToFloat64(s.metrics.authFailures.WithLabelValues("403")), 0)
+	require.Equal(t, refusals, count(t, pool, "SELECT count(*) FROM outbox_events WHERE reason_class = $1", ReasonUsersAuthRefused))
+	var lastErrors []string
+	rows, err := pool.Query(context.Background(), "SELECT error FROM outbox_events WHERE reason_class = $1 ORDER BY id", ReasonUsersAuthRefused)
+	require.NoError(t, err)
+	for rows.Next() {
+		var e string
+		require.NoError(t, rows.Scan(&e))
+		lastErrors = append(lastErrors, e)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, "Users answered 401 Unauthorized: Users refused the sender's credentials (check SENDER_USERS_TOKEN)", lastErrors[0])
+	require.Equal(t, "Users answered 403 Forbidden: Users refused the sender's credentials (check SENDER_USERS_TOKEN)", lastErrors[refusals-1])
+	require.Equal(t, refusals+1, users.deliveries(users.firstKey()))
+
+	// Loud, but paced: the refusals came within one interval, so one line.
+	line := `"level":"ERROR","msg":"Users refused the sender's credentials: misconfiguration`
+	require.Equal(t, 1, strings.Count(logs.String(), line), "%s", logs)
+	require.Contains(t, logs.String(), `"status":401`)
+	require.NotContains(t, logs.String(), testToken)
+}
+
+// TestAlarmPacesItsLines: the first event rings, then one per interval,
+// with the number of events since the last ring.
+func TestAlarmPacesItsLines(t *testing.T) {
+	t.Parallel()
+	var a alarm
+	t0 := time.Now()
+	n, ok := a.ring(t0, time.Minute)
+	require.True(t, ok)
+	require.Equal(t, 1, n)
+	for i := range 3 {
+		_, ok = a.ring(t0.Add(time.Duration(i+1)*time.Second), time.Minute)
+		require.False(t, ok)
+	}
+	n, ok = a.ring(t0.Add(time.Minute), time.Minute)
+	require.True(t, ok)
+	require.Equal(t, 4, n, "three held back, and this one")
 }

@@ -26,8 +26,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/users/usersvc"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 func main() {
@@ -105,7 +107,10 @@ func measure(ctx context.Context, server string, v variant, rows int, tag string
 	}
 	defer dropUsers()
 
-	users := httptest.NewServer(usersvc.NewServer(quiet, usersPool, usersvc.Config{}).Routes())
+	const token = "bench-sender-token-0123456789"
+	users := httptest.NewServer(usersvc.NewServer(quiet, usersPool, usersvc.Config{
+		Callers: []auth.Credential{{Caller: "outbox-sender", Token: token}},
+	}).Routes())
 	defer users.Close()
 
 	if _, err := studentPool.Exec(ctx, `
@@ -126,7 +131,7 @@ func measure(ctx context.Context, server string, v variant, rows int, tag string
 	start := time.Now()
 	go func() {
 		done <- sender.New(quiet, studentPool, sender.Config{
-			UsersURL: users.URL, ID: "bench-" + uuid.NewString()[:8],
+			UsersURL: users.URL, UsersToken: token, ID: "bench-" + uuid.NewString()[:8],
 			BatchSize: v.batch, Concurrency: v.concurrency, PollInterval: 5 * time.Millisecond,
 			Lease: time.Minute, RequestTimeout: 10 * time.Second, MaxAttempts: 1000,
 			BackoffMin: 10 * time.Millisecond, BackoffMax: time.Second, MaxAge: time.Hour,
@@ -192,7 +197,9 @@ func freshDB(ctx context.Context, server, name string, set migrations.Set) (*pgx
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := migrations.Up(ctx, pool, set); err != nil {
+	// The tests' passwords: roles belong to the whole server, which the
+	// tests may be using too.
+	if err := migrations.Migrate(ctx, cfg.ConnConfig, set, pgtest.Passwords); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}

@@ -655,3 +655,31 @@ func indent(out []byte) string {
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
+
+// RequirePasswords makes every role but postgres log in with its password
+// (SCRAM-SHA-256) over TCP, as a production server would; postgres, which
+// the tests administer the cluster as, stays trusted. Without it a cluster
+// trusts every role, and a wrong or missing password would go unnoticed.
+func (c *Cluster) RequirePasswords(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		return fmt.Errorf("require passwords: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var hba string
+	if err := conn.QueryRow(ctx, "SHOW hba_file").Scan(&hba); err != nil {
+		return fmt.Errorf("require passwords: %w", err)
+	}
+	// The server writes the file itself, so this works whoever owns the
+	// data directory (the server runs as another user when we are root).
+	rules := `COPY (VALUES ('local all all trust'), ('host all postgres 127.0.0.1/32 trust'),
+		('host all all 127.0.0.1/32 scram-sha-256')) TO '` + strings.ReplaceAll(hba, "'", "''") + `'`
+	if _, err := conn.Exec(ctx, rules); err != nil {
+		return fmt.Errorf("require passwords: write %s: %w", hba, err)
+	}
+	var reloaded bool
+	if err := conn.QueryRow(ctx, "SELECT pg_reload_conf()").Scan(&reloaded); err != nil || !reloaded {
+		return fmt.Errorf("require passwords: reload: %w", err)
+	}
+	return nil
+}

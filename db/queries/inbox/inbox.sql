@@ -1,36 +1,37 @@
 -- The inbox protocol, shared by Student (client keys on POST /students) and
 -- Users (the sender's keys on POST /users). Both databases have the same
--- inbox table.
+-- inbox table. A key lives in its caller's scope: every statement names
+-- both. (Student's clients are all one anonymous caller, the empty name.)
 
 -- name: ClaimKey :one
 -- Inserting the key is the claim. A concurrent transaction inserting the same
 -- key waits on the primary key until this one ends, then either finds the
 -- committed row (and replays it) or, if this one rolled back, claims it.
-INSERT INTO inbox (idempotency_key, request_hash, request)
-VALUES (@idempotency_key, @request_hash, @request)
-ON CONFLICT (idempotency_key) DO NOTHING
+INSERT INTO inbox (caller, idempotency_key, request_hash, request)
+VALUES (@caller, @idempotency_key, @request_hash, @request)
+ON CONFLICT (caller, idempotency_key) DO NOTHING
 RETURNING idempotency_key;
 
 -- name: GetKey :one
-SELECT idempotency_key, request_hash, request, status_code, response_body, resource_id, replays, created_at
+SELECT idempotency_key, request_hash, request, status_code, response_body, resource_id, replays, created_at, caller
 FROM inbox
-WHERE idempotency_key = @idempotency_key;
+WHERE caller = @caller AND idempotency_key = @idempotency_key;
 
 -- name: SaveOutcome :exec
 UPDATE inbox
 SET status_code = @status_code, response_body = @response_body, resource_id = @resource_id
-WHERE idempotency_key = @idempotency_key;
+WHERE caller = @caller AND idempotency_key = @idempotency_key;
 
 -- name: CountReplay :exec
-UPDATE inbox SET replays = replays + 1 WHERE idempotency_key = @idempotency_key;
+UPDATE inbox SET replays = replays + 1 WHERE caller = @caller AND idempotency_key = @idempotency_key;
 
 -- name: PurgeOlderThan :execrows
 -- Deletes at most batch_size rows per call, so the purge never holds long
 -- locks or writes a huge transaction. Age is measured by the database's
 -- clock, the one that wrote created_at.
 DELETE FROM inbox
-WHERE idempotency_key IN (
-    SELECT old.idempotency_key FROM inbox old
+WHERE (caller, idempotency_key) IN (
+    SELECT old.caller, old.idempotency_key FROM inbox old
     WHERE old.created_at < now() - @retention::interval
     ORDER BY old.created_at
     LIMIT @batch_size

@@ -11,8 +11,10 @@ INSERT INTO outbox (idempotency_key, operation, student_id, payload)
 VALUES (@idempotency_key, @operation, @student_id, @payload);
 
 -- name: GetStudent :one
+-- reason_class, never last_error: the full error names hosts and addresses
+-- and is for operators (the sender's admin API), not for Student's clients.
 SELECT s.id, s.name, s.email, s.document_number, s.user_id, s.created_at, s.updated_at,
-       o.state AS outbox_state, o.attempts, o.last_error, o.redrives, o.redriven_at
+       o.state AS outbox_state, o.attempts, o.reason_class, o.redrives, o.redriven_at
 FROM students s
 LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'
 WHERE s.id = @id;
@@ -24,7 +26,7 @@ WHERE s.id = @id;
 -- committed after a client paged past that time is not shown to that
 -- client; a feed that must miss nothing would page by commit order.
 SELECT s.id, s.name, s.email, s.document_number, s.user_id, s.created_at, s.updated_at,
-       o.state AS outbox_state, o.attempts, o.last_error, o.redrives, o.redriven_at
+       o.state AS outbox_state, o.attempts, o.reason_class, o.redrives, o.redriven_at
 FROM students s
 LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'
 WHERE (s.created_at, s.id) > (@after_created_at::timestamptz, @after_id::uuid)

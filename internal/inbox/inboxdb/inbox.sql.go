@@ -15,13 +15,14 @@ import (
 
 const claimKey = `-- name: ClaimKey :one
 
-INSERT INTO inbox (idempotency_key, request_hash, request)
-VALUES ($1, $2, $3)
-ON CONFLICT (idempotency_key) DO NOTHING
+INSERT INTO inbox (caller, idempotency_key, request_hash, request)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (caller, idempotency_key) DO NOTHING
 RETURNING idempotency_key
 `
 
 type ClaimKeyParams struct {
+	Caller         string
 	IdempotencyKey string
 	RequestHash    []byte
 	Request        []byte
@@ -29,34 +30,50 @@ type ClaimKeyParams struct {
 
 // The inbox protocol, shared by Student (client keys on POST /students) and
 // Users (the sender's keys on POST /users). Both databases have the same
-// inbox table.
+// inbox table. A key lives in its caller's scope: every statement names
+// both. (Student's clients are all one anonymous caller, the empty name.)
 // Inserting the key is the claim. A concurrent transaction inserting the same
 // key waits on the primary key until this one ends, then either finds the
 // committed row (and replays it) or, if this one rolled back, claims it.
 func (q *Queries) ClaimKey(ctx context.Context, db DBTX, arg ClaimKeyParams) (string, error) {
-	row := db.QueryRow(ctx, claimKey, arg.IdempotencyKey, arg.RequestHash, arg.Request)
+	row := db.QueryRow(ctx, claimKey,
+		arg.Caller,
+		arg.IdempotencyKey,
+		arg.RequestHash,
+		arg.Request,
+	)
 	var idempotency_key string
 	err := row.Scan(&idempotency_key)
 	return idempotency_key, err
 }
 
 const countReplay = `-- name: CountReplay :exec
-UPDATE inbox SET replays = replays + 1 WHERE idempotency_key = $1
+UPDATE inbox SET replays = replays + 1 WHERE caller = $1 AND idempotency_key = $2
 `
 
-func (q *Queries) CountReplay(ctx context.Context, db DBTX, idempotencyKey string) error {
-	_, err := db.Exec(ctx, countReplay, idempotencyKey)
+type CountReplayParams struct {
+	Caller         string
+	IdempotencyKey string
+}
+
+func (q *Queries) CountReplay(ctx context.Context, db DBTX, arg CountReplayParams) error {
+	_, err := db.Exec(ctx, countReplay, arg.Caller, arg.IdempotencyKey)
 	return err
 }
 
 const getKey = `-- name: GetKey :one
-SELECT idempotency_key, request_hash, request, status_code, response_body, resource_id, replays, created_at
+SELECT idempotency_key, request_hash, request, status_code, response_body, resource_id, replays, created_at, caller
 FROM inbox
-WHERE idempotency_key = $1
+WHERE caller = $1 AND idempotency_key = $2
 `
 
-func (q *Queries) GetKey(ctx context.Context, db DBTX, idempotencyKey string) (Inbox, error) {
-	row := db.QueryRow(ctx, getKey, idempotencyKey)
+type GetKeyParams struct {
+	Caller         string
+	IdempotencyKey string
+}
+
+func (q *Queries) GetKey(ctx context.Context, db DBTX, arg GetKeyParams) (Inbox, error) {
+	row := db.QueryRow(ctx, getKey, arg.Caller, arg.IdempotencyKey)
 	var i Inbox
 	err := row.Scan(
 		&i.IdempotencyKey,
@@ -67,14 +84,15 @@ func (q *Queries) GetKey(ctx context.Context, db DBTX, idempotencyKey string) (I
 		&i.ResourceID,
 		&i.Replays,
 		&i.CreatedAt,
+		&i.Caller,
 	)
 	return i, err
 }
 
 const purgeOlderThan = `-- name: PurgeOlderThan :execrows
 DELETE FROM inbox
-WHERE idempotency_key IN (
-    SELECT old.idempotency_key FROM inbox old
+WHERE (caller, idempotency_key) IN (
+    SELECT old.caller, old.idempotency_key FROM inbox old
     WHERE old.created_at < now() - $1::interval
     ORDER BY old.created_at
     LIMIT $2
@@ -100,13 +118,14 @@ func (q *Queries) PurgeOlderThan(ctx context.Context, db DBTX, arg PurgeOlderTha
 const saveOutcome = `-- name: SaveOutcome :exec
 UPDATE inbox
 SET status_code = $1, response_body = $2, resource_id = $3
-WHERE idempotency_key = $4
+WHERE caller = $4 AND idempotency_key = $5
 `
 
 type SaveOutcomeParams struct {
 	StatusCode     pgtype.Int4
 	ResponseBody   pgtype.Text
 	ResourceID     uuid.NullUUID
+	Caller         string
 	IdempotencyKey string
 }
 
@@ -115,6 +134,7 @@ func (q *Queries) SaveOutcome(ctx context.Context, db DBTX, arg SaveOutcomeParam
 		arg.StatusCode,
 		arg.ResponseBody,
 		arg.ResourceID,
+		arg.Caller,
 		arg.IdempotencyKey,
 	)
 	return err

@@ -3,7 +3,9 @@ package studentsvc
 import (
 	"time"
 
+	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/envconfig"
+	"github.com/outboxref/outboxref/internal/service"
 )
 
 // Config is Student's configuration; the README's table lists each variable.
@@ -19,20 +21,37 @@ type Config struct {
 	// end within minutes; a day is generous and keeps the table small.
 	InboxRetention time.Duration // STUDENT_INBOX_RETENTION
 	PurgeInterval  time.Duration // STUDENT_INBOX_PURGE_INTERVAL
+
+	// Only "migrate" uses these: an administrator's login (the password
+	// may come from STUDENT_MIGRATE_DATABASE_PASSWORD), and the passwords
+	// it gives the runtime roles of Student's database.
+	MigrateDatabaseURL string          // STUDENT_MIGRATE_DATABASE_URL
+	Logins             []service.Login // STUDENT_DATABASE_PASSWORD, SENDER_DATABASE_PASSWORD
+
+	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
+	HTTPMaxConns int // STUDENT_HTTP_MAX_CONNS
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
 // variables read, for the test that checks docker-compose.yml.
 func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e := envconfig.New(getenv)
+	// Student logs in as its own role; the password may come from a file.
+	dbURL, password := e.DatabaseLogin("STUDENT_DATABASE_URL",
+		"postgres://"+migrations.StudentApp+"@localhost:5432/student?sslmode=disable", "STUDENT_DATABASE_PASSWORD")
 	c := Config{
 		HTTPAddr:        e.String("STUDENT_HTTP_ADDR", ":8080"),
-		DatabaseURL:     e.DatabaseURL("STUDENT_DATABASE_URL", "postgres://postgres@localhost:5432/student?sslmode=disable"),
+		DatabaseURL:     dbURL,
 		LogLevel:        e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		KeyWait:         e.Duration("STUDENT_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, 20*time.Second),
 		InboxRetention:  e.Duration("STUDENT_INBOX_RETENTION", 24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		PurgeInterval:   e.Duration("STUDENT_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
 		DatabaseTimeout: e.Duration("STUDENT_DATABASE_TIMEOUT", 8*time.Second, 100*time.Millisecond, 10*time.Minute),
+
+		// Far above what clients need at once, yet few enough that a flood
+		// of connections cannot use up the file descriptors the database
+		// pool needs (each connection also costs a goroutine and buffers).
+		HTTPMaxConns: e.Int("STUDENT_HTTP_MAX_CONNS", 1024, 1, 1_000_000),
 	}
 	// The wait for a key happens inside the transaction: a deadline no
 	// longer than the wait would end it as "database unavailable" (503)
@@ -40,5 +59,11 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e.Check(c.KeyWait < c.DatabaseTimeout,
 		"STUDENT_IDEMPOTENCY_WAIT=%s must be shorter than STUDENT_DATABASE_TIMEOUT=%s: the wait for a key happens inside a transaction bounded by the timeout",
 		c.KeyWait, c.DatabaseTimeout)
+	c.MigrateDatabaseURL, _ = e.DatabaseLogin("STUDENT_MIGRATE_DATABASE_URL",
+		"postgres://postgres@localhost:5432/student?sslmode=disable", "STUDENT_MIGRATE_DATABASE_PASSWORD")
+	c.Logins = []service.Login{
+		{Role: migrations.StudentApp, Variable: "STUDENT_DATABASE_PASSWORD", Password: password},
+		{Role: migrations.OutboxSender, Variable: "SENDER_DATABASE_PASSWORD", Password: e.Secret("SENDER_DATABASE_PASSWORD")},
+	}
 	return c, e, e.Err()
 }

@@ -16,7 +16,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
 	"github.com/outboxref/outboxref/internal/httpapi"
@@ -60,10 +59,14 @@ type Student struct {
 // Provisioning is where the student's create-user operation stands.
 type Provisioning struct {
 	// State is pending (not yet answered by Users), linked (user_id is
-	// recorded) or failed (dead-lettered; LastError says why).
-	State     string  `json:"state"`
-	Attempts  int     `json:"attempts"`
-	LastError *string `json:"last_error"`
+	// recorded) or failed (dead-lettered; Reason says why).
+	State    string `json:"state"`
+	Attempts int    `json:"attempts"`
+	// Reason classifies why the last attempt failed or why the operation
+	// was given up on; nil when nothing failed. The full error is not
+	// shown: it names internal hosts and addresses, and stays in the logs
+	// and the sender's admin API.
+	Reason *Reason `json:"reason"`
 	// Redrives counts how often an operator brought the failed operation
 	// back (the sender's admin port has the whole history).
 	Redrives   int        `json:"redrives"`
@@ -116,9 +119,9 @@ func answerCreateStudent(st store.Student, err error) (inbox.Outcome, error) {
 }
 
 func (s *Server) getStudent(w http.ResponseWriter, r *http.Request) error {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	id, err := httpapi.PathUUID(r, "id")
 	if err != nil {
-		return httpapi.Field("id", "must be a UUID")
+		return err
 	}
 	st, err := s.store.Student(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -180,7 +183,7 @@ func representation(st store.Student) Student {
 		ID: st.ID, Name: st.Name, Email: st.Email, DocumentNumber: st.DocumentNumber,
 		CreatedAt: st.CreatedAt.UTC(),
 		Provisioning: Provisioning{
-			State: StatePending, Attempts: st.Attempts, LastError: st.LastError,
+			State: StatePending, Attempts: st.Attempts, Reason: reasonFor(st.ReasonClass),
 			Redrives: st.Redrives, RedrivenAt: st.RedrivenAt,
 		},
 	}
@@ -221,9 +224,9 @@ func parseCursor(s string) (cursor, error) {
 	if micros < 0 || micros >= 253402300800000000 {
 		return cursor{}, errors.New("time out of range")
 	}
-	u, err := uuid.Parse(id)
-	if err != nil {
-		return cursor{}, err
+	u, ok := httpapi.ParseUUID(id)
+	if !ok {
+		return cursor{}, errors.New("bad id")
 	}
 	return cursor{CreatedAt: time.UnixMicro(micros), ID: u}, nil
 }

@@ -21,6 +21,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	return service.Binary{
 		Name: "student", Migrations: migrations.Student, DatabaseURL: cfg.DatabaseURL,
+		MigrateDatabaseURL: cfg.MigrateDatabaseURL, Logins: cfg.Logins,
 		DatabaseTimeout: cfg.DatabaseTimeout, LogLevel: cfg.LogLevel, HealthAddr: cfg.HTTPAddr,
 		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			s := NewServer(log, pool, cfg)
@@ -29,7 +30,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				return nil
 			}
 			return []service.Part{
-				service.Server(log, "STUDENT_HTTP_ADDR", cfg.HTTPAddr, s.Routes()),
+				service.Server(log, "STUDENT_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
 				{Name: "inbox purge", Run: purge},
 			}
 		},

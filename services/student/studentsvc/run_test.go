@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"net/url"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -39,7 +41,17 @@ func TestRunRejectsBadConfig(t *testing.T) {
 // deployment does: "student migrate", then the server, then a clean shutdown.
 func TestRunMigratesThenServes(t *testing.T) {
 	t.Parallel()
-	env := apitest.Env("STUDENT_DATABASE_URL", pgtest.EmptyURL(t), "STUDENT_HTTP_ADDR", apitest.FreeAddr(t))
+	// The migration logs in as the administrator and gives the runtime
+	// roles their passwords; the server logs in as student_app.
+	adminURL := pgtest.EmptyURL(t)
+	err := Run(context.Background(), []string{"migrate"}, apitest.Env("STUDENT_MIGRATE_DATABASE_URL", adminURL), &bytes.Buffer{})
+	require.ErrorContains(t, err, "STUDENT_DATABASE_PASSWORD (or STUDENT_DATABASE_PASSWORD_FILE), SENDER_DATABASE_PASSWORD (or SENDER_DATABASE_PASSWORD_FILE) required")
+	appURL, err := url.Parse(adminURL)
+	require.NoError(t, err)
+	appURL.User = url.User(migrations.StudentApp)
+	env := apitest.Env("STUDENT_MIGRATE_DATABASE_URL", adminURL, "STUDENT_DATABASE_URL", appURL.String(),
+		"STUDENT_DATABASE_PASSWORD", pgtest.Passwords[migrations.StudentApp],
+		"SENDER_DATABASE_PASSWORD", pgtest.Passwords[migrations.OutboxSender], "STUDENT_HTTP_ADDR", apitest.FreeAddr(t))
 	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}))
 	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}), "migrating twice is a no-op")
 

@@ -38,7 +38,8 @@ func newEnv(t *testing.T) env {
 func newEnvWith(t *testing.T, cfg Config) env {
 	t.Helper()
 	pool := pgtest.Pool(t, migrations.Student)
-	s := NewServer(slog.New(slog.DiscardHandler), pool, cfg)
+	// Student runs as its own role; the test inspects as the administrator.
+	s := NewServer(slog.New(slog.DiscardHandler), pgtest.As(t, pool, migrations.StudentApp), cfg)
 	ts := httptest.NewServer(s.Routes())
 	t.Cleanup(ts.Close)
 	return env{url: ts.URL, pool: pool}
@@ -152,7 +153,7 @@ func TestCreateStudentRejectsBadInputAndWritesNothing(t *testing.T) {
 func TestDocumentNumberWaitWithoutKey(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
-	s := NewServer(slog.New(slog.DiscardHandler), pool, Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: 10 * time.Second})
+	s := NewServer(slog.New(slog.DiscardHandler), pgtest.As(t, pool, migrations.StudentApp), Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: 10 * time.Second})
 	ts := httptest.NewServer(s.Routes())
 	t.Cleanup(ts.Close)
 	ctx := context.Background()
@@ -242,25 +243,28 @@ func TestGetStudentShowsProvisioning(t *testing.T) {
 		return got
 	}
 	ctx := context.Background()
-	_, err := e.pool.Exec(ctx, "UPDATE outbox SET attempts = 3, last_error = 'Users answered 503 Service Unavailable'")
+	_, err := e.pool.Exec(ctx, "UPDATE outbox SET attempts = 3, reason_class = 'users-unavailable', last_error = 'Users answered 503 Service Unavailable'")
 	require.NoError(t, err)
-	msg := "Users answered 503 Service Unavailable"
-	require.Equal(t, Provisioning{State: StatePending, Attempts: 3, LastError: &msg}, get().Provisioning)
+	require.Equal(t, Provisioning{
+		State: StatePending, Attempts: 3,
+		Reason: &Reason{Class: "users-unavailable", Message: "Users unavailable, retrying"},
+	}, get().Provisioning)
 
-	_, err = e.pool.Exec(ctx, "UPDATE outbox SET state = 'dead', last_error = 'Users answered 409 Document number already in use'")
+	_, err = e.pool.Exec(ctx, "UPDATE outbox SET state = 'dead', reason_class = 'refused', last_error = 'Users answered 409 Document number already in use'")
 	require.NoError(t, err)
 	failed := get().Provisioning
 	require.Equal(t, StateFailed, failed.State)
-	require.Equal(t, "Users answered 409 Document number already in use", *failed.LastError)
+	require.Equal(t, &Reason{Class: "refused", Message: "Refused by Users: another user has this document number"}, failed.Reason)
 
 	userID := uuid.New()
 	_, err = e.pool.Exec(ctx, "UPDATE students SET user_id = $1", userID)
 	require.NoError(t, err)
-	_, err = e.pool.Exec(ctx, "UPDATE outbox SET state = 'delivered', last_error = NULL")
+	_, err = e.pool.Exec(ctx, "UPDATE outbox SET state = 'delivered', last_error = NULL, reason_class = NULL")
 	require.NoError(t, err)
 	linked := get()
 	require.Equal(t, StateLinked, linked.Provisioning.State)
 	require.Equal(t, userID, *linked.UserID)
+	require.Nil(t, linked.Provisioning.Reason)
 
 	bad := apitest.Do(t, http.MethodGet, e.url+"/students/42", "")
 	require.Equal(t, http.StatusBadRequest, bad.Status)
@@ -340,4 +344,8 @@ func TestStudentJSONShape(t *testing.T) {
 		require.Contains(t, m, k)
 	}
 	require.Nil(t, m["user_id"], "null until linked")
+	prov, ok := m["provisioning"].(map[string]any)
+	require.True(t, ok)
+	require.Contains(t, prov, "reason")
+	require.NotContains(t, prov, "last_error", "the sender's full error is for operators only")
 }

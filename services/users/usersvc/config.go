@@ -3,7 +3,10 @@ package usersvc
 import (
 	"time"
 
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/envconfig"
+	"github.com/outboxref/outboxref/internal/service"
 )
 
 // Config is Users' configuration; the README's table lists each variable.
@@ -17,15 +20,31 @@ type Config struct {
 	// DatabaseTimeout is the deadline of every transaction and read, and
 	// the server's statement_timeout on Users' connections.
 	DatabaseTimeout time.Duration // USERS_DATABASE_TIMEOUT
+	// Callers may call the API, each with its bearer token; each caller's
+	// idempotency keys are its own. Serving needs at least one (Run checks:
+	// "migrate" and "healthcheck" need none).
+	Callers []auth.Credential // USERS_API_TOKENS or USERS_API_TOKENS_FILE
+
+	// Only "migrate" uses these: an administrator's login (the password
+	// may come from USERS_MIGRATE_DATABASE_PASSWORD), and the password it
+	// gives users_app.
+	MigrateDatabaseURL string          // USERS_MIGRATE_DATABASE_URL
+	Logins             []service.Login // USERS_DATABASE_PASSWORD
+
+	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
+	HTTPMaxConns int // USERS_HTTP_MAX_CONNS
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
 // variables read, for the test that checks docker-compose.yml.
 func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e := envconfig.New(getenv)
+	// Users logs in as its own role; the password may come from a file.
+	dbURL, password := e.DatabaseLogin("USERS_DATABASE_URL",
+		"postgres://"+migrations.UsersApp+"@localhost:5432/users?sslmode=disable", "USERS_DATABASE_PASSWORD")
 	c := Config{
 		HTTPAddr:       e.String("USERS_HTTP_ADDR", ":8081"),
-		DatabaseURL:    e.DatabaseURL("USERS_DATABASE_URL", "postgres://postgres@localhost:5432/users?sslmode=disable"),
+		DatabaseURL:    dbURL,
 		LogLevel:       e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		InboxRetention: e.Duration("USERS_INBOX_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		PurgeInterval:  e.Duration("USERS_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
@@ -34,6 +53,17 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// giving up first (the compose test checks the pair).
 		KeyWait:         e.Duration("USERS_IDEMPOTENCY_WAIT", 2*time.Second, 10*time.Millisecond, 20*time.Second),
 		DatabaseTimeout: e.Duration("USERS_DATABASE_TIMEOUT", 4*time.Second, 100*time.Millisecond, 10*time.Minute),
+
+		// As for Student. Each sender holds at most SENDER_CONCURRENCY (32)
+		// connections, so 1024 leaves room for many senders and clients.
+		HTTPMaxConns: e.Int("USERS_HTTP_MAX_CONNS", 1024, 1, 1_000_000),
+	}
+	// Tokens come inline or, for Docker and Kubernetes secrets, from a
+	// file; errors name callers, never tokens.
+	if tokens := e.Secret("USERS_API_TOKENS"); tokens != "" {
+		callers, err := auth.ParseTokens(tokens)
+		e.Check(err == nil, "USERS_API_TOKENS: %w", err)
+		c.Callers = callers
 	}
 	// The wait for a key happens inside the transaction: a deadline no
 	// longer than the wait would end it as "database unavailable" (503)
@@ -41,5 +71,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e.Check(c.KeyWait < c.DatabaseTimeout,
 		"USERS_IDEMPOTENCY_WAIT=%s must be shorter than USERS_DATABASE_TIMEOUT=%s: the wait for a key happens inside a transaction bounded by the timeout",
 		c.KeyWait, c.DatabaseTimeout)
+	c.MigrateDatabaseURL, _ = e.DatabaseLogin("USERS_MIGRATE_DATABASE_URL",
+		"postgres://postgres@localhost:5432/users?sslmode=disable", "USERS_MIGRATE_DATABASE_PASSWORD")
+	c.Logins = []service.Login{{Role: migrations.UsersApp, Variable: "USERS_DATABASE_PASSWORD", Password: password}}
 	return c, e, e.Err()
 }

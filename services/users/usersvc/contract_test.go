@@ -13,6 +13,7 @@ func TestIdempotencyContract(t *testing.T) {
 	e := newEnv(t, Config{KeyWait: 300 * time.Millisecond})
 	contract.Run(t, contract.Target{
 		URL: e.url + "/users", KeyRequired: true, DB: e.pool,
+		Token: senderToken, Caller: "outbox-sender", OtherToken: otherToken,
 		Created: func(t *testing.T) int { return e.count(t, "users") },
 	})
 }

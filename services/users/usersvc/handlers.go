@@ -12,6 +12,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/inbox"
@@ -23,13 +24,24 @@ import (
 type Server struct {
 	log   *slog.Logger
 	store *store.Store
+	// auth names the caller of each API request: bearer tokens here; an
+	// authenticator of client certificates would do for mutual TLS.
+	auth auth.Authenticator
 }
 
-// Routes returns every route Users serves.
+// Challenge is the WWW-Authenticate header of Users' 401 answers.
+const Challenge = `Bearer realm="users"`
+
+// Routes returns every route Users serves. The API answers authenticated
+// callers only, and refuses anyone else before reading a byte of the body;
+// the health routes stay open, for the orchestrator.
 func (s *Server) Routes() http.Handler {
 	r := httpapi.NewRouter(s.log, s.store.Ping)
-	r.Post("/users", httpapi.Handle(s.createUser))
-	r.Get("/users/{id}", httpapi.Handle(s.getUser))
+	r.Group(func(r chi.Router) {
+		r.Use(httpapi.Authenticate(s.auth, Challenge))
+		r.Post("/users", httpapi.Handle(s.createUser))
+		r.Get("/users/{id}", httpapi.Handle(s.getUser))
+	})
 	return r
 }
 
@@ -51,8 +63,14 @@ type User struct {
 }
 
 // createUser is the receiving end of the outbox: the key is required, and
-// the store runs the operation at most once per key.
+// the store runs the operation at most once per key of the caller.
 func (s *Server) createUser(w http.ResponseWriter, r *http.Request) error {
+	caller, ok := auth.CallerFrom(r.Context())
+	if !ok {
+		// Routes puts every API route behind Authenticate: a bug, not a
+		// request to serve in some shared scope.
+		return errors.New("create user: no authenticated caller")
+	}
 	key, err := httpapi.RequiredKey(r)
 	if err != nil {
 		return err
@@ -65,7 +83,7 @@ func (s *Server) createUser(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out, replayed, err := s.store.CreateUser(r.Context(), key, p, answerCreateUser)
+	out, replayed, err := s.store.CreateUser(r.Context(), inbox.Key{Caller: caller, Value: key}, p, answerCreateUser)
 	if err != nil {
 		return err
 	}
@@ -84,9 +102,9 @@ func answerCreateUser(u store.User, err error) (inbox.Outcome, error) {
 }
 
 func (s *Server) getUser(w http.ResponseWriter, r *http.Request) error {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	id, err := httpapi.PathUUID(r, "id")
 	if err != nil {
-		return httpapi.Field("id", "must be a UUID")
+		return err
 	}
 	u, err := s.store.User(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {

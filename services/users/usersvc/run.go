@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/service"
 	"github.com/outboxref/outboxref/services/users/internal/store"
 )
@@ -15,12 +16,20 @@ import (
 // Run runs Users until ctx ends: the API, and the loop that purges expired
 // inbox rows. args may be "migrate" or "healthcheck" (see service.Binary).
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	cfg, _, err := LoadConfig(getenv)
-	if err != nil {
+	cfg, e, _ := LoadConfig(getenv)
+	if len(args) == 0 {
+		// Serving needs callers, and nothing is served to no one: secure by
+		// default. "migrate" and "healthcheck" answer no caller, so a
+		// migration job is not handed the API's tokens.
+		e.Require("USERS_API_TOKENS", getenv("USERS_API_TOKENS")+getenv("USERS_API_TOKENS_FILE"),
+			"Users answers authenticated callers only; list each as caller:token")
+	}
+	if err := e.Err(); err != nil {
 		return err
 	}
 	return service.Binary{
 		Name: "users", Migrations: migrations.Users, DatabaseURL: cfg.DatabaseURL,
+		MigrateDatabaseURL: cfg.MigrateDatabaseURL, Logins: cfg.Logins,
 		DatabaseTimeout: cfg.DatabaseTimeout, LogLevel: cfg.LogLevel, HealthAddr: cfg.HTTPAddr,
 		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			s := NewServer(log, pool, cfg)
@@ -29,15 +38,16 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				return nil
 			}
 			return []service.Part{
-				service.Server(log, "USERS_HTTP_ADDR", cfg.HTTPAddr, s.Routes()),
+				service.Server(log, "USERS_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
 				{Name: "inbox purge", Run: purge},
 			}
 		},
 	}.Run(ctx, args, stdout)
 }
 
-// NewServer returns a Server on pool's database. The handlers see only the
+// NewServer returns a Server on pool's database, answering cfg.Callers
+// (with none, it refuses every API request). The handlers see only the
 // store built here, never the pool.
 func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
-	return &Server{log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout)}
+	return &Server{log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout), auth: auth.NewTokens(cfg.Callers)}
 }

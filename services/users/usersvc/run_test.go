@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -35,23 +39,64 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	require.ErrorContains(t, err, "must be shorter than USERS_DATABASE_TIMEOUT=1s")
 }
 
+// TestRunNeedsCallers: Users will not serve without callers (secure by
+// default), and names the variable; mistakes in the list name the caller
+// or entry, never a token. "migrate" needs no callers.
+func TestRunNeedsCallers(t *testing.T) {
+	t.Parallel()
+	err := Run(context.Background(), nil, apitest.Env(), &bytes.Buffer{})
+	require.ErrorContains(t, err, "USERS_API_TOKENS (or USERS_API_TOKENS_FILE) is required")
+
+	err = Run(context.Background(), nil, apitest.Env("USERS_API_TOKENS", "outbox-sender:"+senderToken+",other:"+senderToken+",admin:hunter2"), &bytes.Buffer{})
+	require.ErrorContains(t, err, `USERS_API_TOKENS: `)
+	require.ErrorContains(t, err, `callers "outbox-sender" and "other" have the same token`)
+	require.ErrorContains(t, err, "entry 3: a token must be at least 16 characters")
+	for _, secret := range []string{senderToken, otherToken, "hunter2"} {
+		require.NotContains(t, err.Error(), secret)
+	}
+	require.NotContains(t, err.Error(), "is required", "a list with mistakes is not a missing list")
+
+	file := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(file, []byte("outbox-sender:"+senderToken+"\nother:"+otherToken+"\n"), 0o600))
+	cfg, _, err := LoadConfig(apitest.Env("USERS_API_TOKENS_FILE", file))
+	require.NoError(t, err)
+	require.Equal(t, testCallers, cfg.Callers)
+	err = Run(context.Background(), nil, apitest.Env("USERS_API_TOKENS_FILE", file, "USERS_API_TOKENS", "x:"+senderToken), &bytes.Buffer{})
+	require.ErrorContains(t, err, "USERS_API_TOKENS and USERS_API_TOKENS_FILE are both set")
+	require.NotContains(t, err.Error(), "is required")
+}
+
 // TestRunMigratesThenServes starts from an empty database, as a first
 // deployment does: "users migrate", then the server, then a clean shutdown.
 func TestRunMigratesThenServes(t *testing.T) {
 	t.Parallel()
-	env := apitest.Env("USERS_DATABASE_URL", pgtest.EmptyURL(t), "USERS_HTTP_ADDR", apitest.FreeAddr(t))
-	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}))
-	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}), "migrating twice is a no-op")
+	// The migration is not handed the API's tokens; the server is. The
+	// migration logs in as the administrator and needs users_app's
+	// password; the server logs in as users_app.
+	adminURL, addr := pgtest.EmptyURL(t), apitest.FreeAddr(t)
+	err := Run(context.Background(), []string{"migrate"}, apitest.Env("USERS_MIGRATE_DATABASE_URL", adminURL), &bytes.Buffer{})
+	require.ErrorContains(t, err, "USERS_DATABASE_PASSWORD (or USERS_DATABASE_PASSWORD_FILE) required")
+	password := pgtest.Passwords[migrations.UsersApp]
+	migrate := apitest.Env("USERS_MIGRATE_DATABASE_URL", adminURL, "USERS_DATABASE_PASSWORD", password)
+	require.NoError(t, Run(context.Background(), []string{"migrate"}, migrate, &bytes.Buffer{}))
+	require.NoError(t, Run(context.Background(), []string{"migrate"}, migrate, &bytes.Buffer{}), "migrating twice is a no-op")
+	appURL, err := url.Parse(adminURL)
+	require.NoError(t, err)
+	appURL.User = url.User(migrations.UsersApp)
+	env := apitest.Env("USERS_DATABASE_URL", appURL.String(), "USERS_DATABASE_PASSWORD", password,
+		"USERS_HTTP_ADDR", addr, "USERS_API_TOKENS", "outbox-sender:"+senderToken)
 
 	var logs bytes.Buffer
 	base := "http://" + env("USERS_HTTP_ADDR")
 	stop := apitest.RunUntilReady(t, base+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
 	res := apitest.Do(t, http.MethodPost, base+"/users", ada, "Idempotency-Key", "run-1")
+	require.Equal(t, http.StatusUnauthorized, res.Status, "%s", res.Body)
+	res = apitest.Do(t, http.MethodPost, base+"/users", ada, "Idempotency-Key", "run-1", "Authorization", "Bearer "+senderToken)
 	require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
 
 	// The container image has no curl: "healthcheck" asks /readyz itself.
 	var out bytes.Buffer
-	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, env, &out))
+	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, apitest.Env("USERS_HTTP_ADDR", addr), &out), "healthcheck needs no tokens")
 	require.Equal(t, "ready\n", out.String())
 
 	require.NoError(t, stop())

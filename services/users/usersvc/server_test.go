@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/contract"
@@ -24,31 +25,63 @@ import (
 
 type env struct {
 	url  string
-	pool *pgxpool.Pool
+	pool *pgxpool.Pool // the administrator's, to set up and inspect
+	app  *pgxpool.Pool // the server's, as users_app
 	srv  *Server
 }
+
+// The callers tests serve: the sender, whose token every helper below
+// sends, and another caller.
+const (
+	senderToken = "sender-token-0123456789abcdef"
+	otherToken  = "other-token-0123456789abcdef"
+)
+
+var testCallers = []auth.Credential{{Caller: "outbox-sender", Token: senderToken}, {Caller: "other", Token: otherToken}}
+
+// asSender is the sender's Authorization header, as name, value.
+var asSender = []string{"Authorization", "Bearer " + senderToken}
 
 func newEnv(t *testing.T, cfg Config) env {
 	t.Helper()
 	pool := pgtest.Pool(t, migrations.Users)
+	if cfg.Callers == nil {
+		cfg.Callers = testCallers
+	}
 	if cfg.KeyWait == 0 {
 		cfg.KeyWait = 5 * time.Second
 	}
 	if cfg.DatabaseTimeout == 0 {
 		cfg.DatabaseTimeout = 10 * time.Second
 	}
-	s := NewServer(slog.New(slog.DiscardHandler), pool, cfg)
+	// Users runs as its own role; the test inspects as the administrator.
+	app := pgtest.As(t, pool, migrations.UsersApp)
+	s := NewServer(slog.New(slog.DiscardHandler), app, cfg)
 	ts := httptest.NewServer(s.Routes())
 	t.Cleanup(ts.Close)
-	return env{url: ts.URL, pool: pool, srv: s}
+	return env{url: ts.URL, pool: pool, app: app, srv: s}
 }
 
+// create posts body as the sender, with key unless it is "".
 func (e env) create(t *testing.T, key, body string) apitest.Response {
 	t.Helper()
-	if key == "" {
-		return apitest.Do(t, http.MethodPost, e.url+"/users", body)
+	return e.createAs(t, senderToken, key, body)
+}
+
+// createAs posts body with the bearer token, with key unless it is "".
+func (e env) createAs(t *testing.T, token, key, body string) apitest.Response {
+	t.Helper()
+	headers := []string{"Authorization", "Bearer " + token}
+	if key != "" {
+		headers = append(headers, "Idempotency-Key", key)
 	}
-	return apitest.Do(t, http.MethodPost, e.url+"/users", body, "Idempotency-Key", key)
+	return apitest.Do(t, http.MethodPost, e.url+"/users", body, headers...)
+}
+
+// get sends a GET as the sender.
+func (e env) get(t *testing.T, path string) apitest.Response {
+	t.Helper()
+	return apitest.Do(t, http.MethodGet, e.url+path, "", asSender...)
 }
 
 func (e env) count(t *testing.T, table string) int {
@@ -84,7 +117,7 @@ func TestCreateUserThenReplay(t *testing.T) {
 	require.Equal(t, 1, apitest.Count(t, e.pool, "SELECT replays FROM inbox WHERE idempotency_key = 'key-1'"))
 	require.Equal(t, 1, apitest.Count(t, e.pool, "SELECT count(*) FROM inbox WHERE resource_id = $1", created.UserID))
 
-	got := apitest.Do(t, http.MethodGet, e.url+"/users/"+created.UserID.String(), "")
+	got := e.get(t, "/users/"+created.UserID.String())
 	require.Equal(t, http.StatusOK, got.Status)
 	var u User
 	got.JSON(t, &u)
@@ -256,7 +289,7 @@ func TestKeyInProgress(t *testing.T) {
 	tx, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(ctx) }) // a failed assertion must not leave the pool unclosable
-	_, err = tx.Exec(ctx, `INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('busy', '\x00', '{}')`)
+	_, err = tx.Exec(ctx, `INSERT INTO inbox (caller, idempotency_key, request_hash, request) VALUES ('outbox-sender', 'busy', '\x00', '{}')`)
 	require.NoError(t, err)
 
 	started := time.Now()
@@ -297,7 +330,7 @@ func TestDocumentNumberWait(t *testing.T) {
 func TestTwoKeyHeadersAreRejected(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, Config{})
-	res := apitest.Do(t, http.MethodPost, e.url+"/users", ada, "Idempotency-Key", "a", "Idempotency-Key", "b")
+	res := apitest.Do(t, http.MethodPost, e.url+"/users", ada, append([]string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, asSender...)...)
 	require.Equal(t, http.StatusBadRequest, res.Status)
 	p := res.Problem(t)
 	require.Equal(t, []string{"Idempotency-Key"}, p.Fields())
@@ -319,11 +352,11 @@ func TestUnknownRoutesAreProblems(t *testing.T) {
 func TestGetUserErrors(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, Config{})
-	res := apitest.Do(t, http.MethodGet, e.url+"/users/not-a-uuid", "")
+	res := e.get(t, "/users/not-a-uuid")
 	require.Equal(t, http.StatusBadRequest, res.Status)
 	require.Equal(t, []string{"id"}, res.Problem(t).Fields())
 
-	res = apitest.Do(t, http.MethodGet, e.url+"/users/"+uuid.NewString(), "")
+	res = e.get(t, "/users/"+uuid.NewString())
 	require.Equal(t, http.StatusNotFound, res.Status)
 	require.Equal(t, httpapi.TypeNotFound, res.Problem(t).Type)
 }
@@ -333,7 +366,7 @@ func TestHealth(t *testing.T) {
 	e := newEnv(t, Config{})
 	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, e.url+"/healthz", "").Status)
 	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, e.url+"/readyz", "").Status)
-	e.pool.Close()
+	e.app.Close()
 	res := apitest.Do(t, http.MethodGet, e.url+"/readyz", "")
 	require.Equal(t, http.StatusServiceUnavailable, res.Status)
 	require.Equal(t, httpapi.TypeUnavailable, res.Problem(t).Type)
@@ -367,4 +400,91 @@ func TestInboxPurge(t *testing.T) {
 	})
 	require.Eventually(t, func() bool { return e.count(t, "inbox") == 0 }, 5*time.Second, 20*time.Millisecond)
 	require.NoError(t, stop())
+}
+
+// TestCallersAuthenticate: the API answers only a known caller's token. A
+// request without one, with a wrong one or with a malformed header is a
+// 401 with a challenge, written before the body is read: nothing is
+// created and its key stays free. The health routes need no token.
+func TestCallersAuthenticate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	tests := []struct {
+		name      string
+		authz     []string
+		challenge string
+	}{
+		{name: "no token", challenge: `Bearer realm="users"`},
+		{name: "wrong token", authz: []string{"Bearer " + senderToken + "-not"}, challenge: `Bearer realm="users", error="invalid_token"`},
+		{name: "token of nobody", authz: []string{"Bearer nobody-token-0123456789abc"}, challenge: `Bearer realm="users", error="invalid_token"`},
+		{name: "malformed header", authz: []string{senderToken}, challenge: `Bearer realm="users", error="invalid_token"`},
+		{name: "two headers", authz: []string{"Bearer " + senderToken, "Bearer " + otherToken}, challenge: `Bearer realm="users", error="invalid_token"`},
+	}
+	for _, tt := range tests {
+		headers := []string{"Idempotency-Key", "auth-1"}
+		for _, a := range tt.authz {
+			headers = append(headers, "Authorization", a)
+		}
+		// A body that is not even valid: the 401 comes before it is read.
+		for _, res := range []apitest.Response{
+			apitest.Do(t, http.MethodPost, e.url+"/users", ada, headers...),
+			apitest.Do(t, http.MethodPost, e.url+"/users", `{"name":`, headers...),
+			apitest.Do(t, http.MethodGet, e.url+"/users/"+uuid.NewString(), "", headers[2:]...),
+		} {
+			require.Equal(t, http.StatusUnauthorized, res.Status, "%s: %s", tt.name, res.Body)
+			require.Equal(t, httpapi.TypeUnauthorized, res.Problem(t).Type, tt.name)
+			require.Equal(t, tt.challenge, res.Header.Get("WWW-Authenticate"), tt.name)
+			require.NotContains(t, string(res.Body), senderToken, "%s: the token is never echoed", tt.name)
+		}
+	}
+	require.Equal(t, 0, e.count(t, "users"))
+	require.Equal(t, 0, e.count(t, "inbox"), "a refused request consumes no key")
+	require.Equal(t, http.StatusCreated, e.create(t, "auth-1", ada).Status, "the key is still free")
+
+	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, e.url+"/healthz", "").Status)
+	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, e.url+"/readyz", "").Status)
+
+	// With no callers configured nothing gets in: secure by default.
+	closed := newEnv(t, Config{Callers: []auth.Credential{}})
+	require.Equal(t, http.StatusUnauthorized, closed.create(t, "auth-2", ada).Status)
+}
+
+// TestKeysAreScopedPerCaller: the same key from two callers is two
+// operations. Each gets its own 201 for its own request; neither is a
+// replay of the other's, and neither gets a 422 that would name the fields
+// in which the other caller's request differs.
+func TestKeysAreScopedPerCaller(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	bob := body("Bob Stone", "bob@example.com", "222-2")
+
+	mine := e.create(t, "shared-key", ada)
+	require.Equal(t, http.StatusCreated, mine.Status, "%s", mine.Body)
+	theirs := e.createAs(t, otherToken, "shared-key", bob)
+	require.Equal(t, http.StatusCreated, theirs.Status, "%s", theirs.Body)
+	require.Empty(t, theirs.Header.Get(httpapi.ReplayedHeader))
+	require.NotEqual(t, string(mine.Body), string(theirs.Body))
+	require.NotContains(t, string(theirs.Body), "Ada")
+
+	// Each caller's repeat replays its own answer.
+	again := e.createAs(t, otherToken, "shared-key", bob)
+	require.Equal(t, "true", again.Header.Get(httpapi.ReplayedHeader))
+	require.Equal(t, string(theirs.Body), string(again.Body))
+	again = e.create(t, "shared-key", ada)
+	require.Equal(t, string(mine.Body), string(again.Body))
+
+	// A mismatch is judged against the caller's own first request only.
+	res := e.createAs(t, otherToken, "shared-key", body("Bob Stone", "bob@example.org", "222-2"))
+	require.Equal(t, http.StatusUnprocessableEntity, res.Status)
+	require.Equal(t, []string{"email"}, res.Problem(t).Fields(), "the fields differ from the other caller's own request, not the sender's")
+
+	require.Equal(t, 2, e.count(t, "users"))
+	require.Equal(t, 1, apitest.Count(t, e.pool, "SELECT count(*) FROM inbox WHERE caller = 'outbox-sender' AND idempotency_key = 'shared-key'"))
+	require.Equal(t, 1, apitest.Count(t, e.pool, "SELECT count(*) FROM inbox WHERE caller = 'other' AND idempotency_key = 'shared-key'"))
+
+	// The caller is on each request's log line.
+	url, logs := serveOn(t, pgtest.RoleURL(t, pgtest.URL(t, migrations.Users), migrations.UsersApp), Config{KeyWait: time.Second, DatabaseTimeout: 5 * time.Second}, slog.LevelDebug)
+	require.Equal(t, http.StatusCreated, apitest.Do(t, http.MethodPost, url+"/users", ada, "Idempotency-Key", "log-1", "Authorization", "Bearer "+otherToken).Status)
+	require.Contains(t, logs.String(), `"caller":"other"`)
+	require.NotContains(t, logs.String(), otherToken)
 }

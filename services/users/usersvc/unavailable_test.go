@@ -17,14 +17,22 @@ import (
 )
 
 // serveOn serves Users on a pool opened as the binary opens it, on dbURL,
-// logging to the returned Logs.
-func serveOn(t *testing.T, dbURL string, cfg Config) (string, *apitest.Logs) {
+// logging (at level, if given) to the returned Logs. The callers are
+// testCallers unless cfg names its own.
+func serveOn(t *testing.T, dbURL string, cfg Config, level ...slog.Level) (string, *apitest.Logs) {
 	t.Helper()
+	if cfg.Callers == nil {
+		cfg.Callers = testCallers
+	}
+	opts := &slog.HandlerOptions{}
+	if len(level) > 0 {
+		opts.Level = level[0]
+	}
 	pool, err := database.Open(context.Background(), dbURL, database.Limits{StatementTimeout: cfg.DatabaseTimeout})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	logs := &apitest.Logs{}
-	ts := httptest.NewServer(NewServer(slog.New(slog.NewJSONHandler(logs, nil)), pool, cfg).Routes())
+	ts := httptest.NewServer(NewServer(slog.New(slog.NewJSONHandler(logs, opts)), pool, cfg).Routes())
 	t.Cleanup(ts.Close)
 	return ts.URL, logs
 }
@@ -36,8 +44,8 @@ func TestDatabaseDown(t *testing.T) {
 	t.Parallel()
 	url, logs := serveOn(t, pgtest.DownURL(t), Config{KeyWait: 2 * time.Second, DatabaseTimeout: 4 * time.Second})
 
-	apitest.RequireUnavailable(t, apitest.Do(t, http.MethodPost, url+"/users", ada, "Idempotency-Key", "down-1"))
-	apitest.RequireUnavailable(t, apitest.Do(t, http.MethodGet, url+"/users/"+uuid.NewString(), ""))
+	apitest.RequireUnavailable(t, apitest.Do(t, http.MethodPost, url+"/users", ada, append([]string{"Idempotency-Key", "down-1"}, asSender...)...))
+	apitest.RequireUnavailable(t, apitest.Do(t, http.MethodGet, url+"/users/"+uuid.NewString(), "", asSender...))
 
 	ready := apitest.Do(t, http.MethodGet, url+"/readyz", "")
 	p := apitest.RequireUnavailable(t, ready)
@@ -58,7 +66,7 @@ func TestDatabaseSilent(t *testing.T) {
 	url, _ := serveOn(t, pgtest.SilentURL(t), Config{KeyWait: 100 * time.Millisecond, DatabaseTimeout: timeout})
 
 	started := time.Now()
-	apitest.RequireUnavailable(t, apitest.Do(t, http.MethodPost, url+"/users", ada, "Idempotency-Key", "silent-1"))
-	apitest.RequireUnavailable(t, apitest.Do(t, http.MethodGet, url+"/users/"+uuid.NewString(), ""))
+	apitest.RequireUnavailable(t, apitest.Do(t, http.MethodPost, url+"/users", ada, append([]string{"Idempotency-Key", "silent-1"}, asSender...)...))
+	apitest.RequireUnavailable(t, apitest.Do(t, http.MethodGet, url+"/users/"+uuid.NewString(), "", asSender...))
 	require.Less(t, time.Since(started), 2*(timeout+time.Second), "each request ends by its deadline")
 }

@@ -50,7 +50,10 @@ type Student struct {
 	// The create-user outbox row: state is pending, delivered or dead.
 	OutboxState string
 	Attempts    int
-	LastError   *string
+	// ReasonClass is the sender's word for why the last attempt failed or
+	// why the row is dead ("" when none). The full error (last_error) is
+	// not read: it names hosts and addresses, and is for operators only.
+	ReasonClass string
 	Redrives    int
 	RedrivenAt  *time.Time
 }
@@ -105,7 +108,10 @@ func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, 
 		out, err = s.Inbox.Once(ctx, op)
 		return out, false, err
 	}
-	return s.Inbox.Do(ctx, key, p.Fields(), op)
+	// Student authenticates no one: every client is the anonymous caller,
+	// and all of them share one key space, as public clients of an
+	// idempotent API do.
+	return s.Inbox.Do(ctx, inbox.Key{Caller: inbox.Anonymous, Value: key}, p.Fields(), op)
 }
 
 // insertStudent is the outbox half of the pattern: the student and the
@@ -174,9 +180,7 @@ func fromRow(row studentdb.ListStudentsRow) Student {
 		ID: row.ID, Name: row.Name, Email: row.Email, DocumentNumber: row.DocumentNumber,
 		UserID: row.UserID, CreatedAt: row.CreatedAt,
 		OutboxState: row.OutboxState.String, Attempts: int(row.Attempts.Int32),
-	}
-	if row.LastError.Valid {
-		st.LastError = &row.LastError.String
+		ReasonClass: row.ReasonClass.String,
 	}
 	st.Redrives = int(row.Redrives.Int32)
 	if row.RedrivenAt.Valid {

@@ -15,7 +15,7 @@ import (
 
 const getStudent = `-- name: GetStudent :one
 SELECT s.id, s.name, s.email, s.document_number, s.user_id, s.created_at, s.updated_at,
-       o.state AS outbox_state, o.attempts, o.last_error, o.redrives, o.redriven_at
+       o.state AS outbox_state, o.attempts, o.reason_class, o.redrives, o.redriven_at
 FROM students s
 LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'
 WHERE s.id = $1
@@ -31,11 +31,13 @@ type GetStudentRow struct {
 	UpdatedAt      time.Time
 	OutboxState    pgtype.Text
 	Attempts       pgtype.Int4
-	LastError      pgtype.Text
+	ReasonClass    pgtype.Text
 	Redrives       pgtype.Int4
 	RedrivenAt     pgtype.Timestamptz
 }
 
+// reason_class, never last_error: the full error names hosts and addresses
+// and is for operators (the sender's admin API), not for Student's clients.
 func (q *Queries) GetStudent(ctx context.Context, db DBTX, id uuid.UUID) (GetStudentRow, error) {
 	row := db.QueryRow(ctx, getStudent, id)
 	var i GetStudentRow
@@ -49,7 +51,7 @@ func (q *Queries) GetStudent(ctx context.Context, db DBTX, id uuid.UUID) (GetStu
 		&i.UpdatedAt,
 		&i.OutboxState,
 		&i.Attempts,
-		&i.LastError,
+		&i.ReasonClass,
 		&i.Redrives,
 		&i.RedrivenAt,
 	)
@@ -116,7 +118,7 @@ func (q *Queries) InsertStudent(ctx context.Context, db DBTX, arg InsertStudentP
 
 const listStudents = `-- name: ListStudents :many
 SELECT s.id, s.name, s.email, s.document_number, s.user_id, s.created_at, s.updated_at,
-       o.state AS outbox_state, o.attempts, o.last_error, o.redrives, o.redriven_at
+       o.state AS outbox_state, o.attempts, o.reason_class, o.redrives, o.redriven_at
 FROM students s
 LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'
 WHERE (s.created_at, s.id) > ($1::timestamptz, $2::uuid)
@@ -140,7 +142,7 @@ type ListStudentsRow struct {
 	UpdatedAt      time.Time
 	OutboxState    pgtype.Text
 	Attempts       pgtype.Int4
-	LastError      pgtype.Text
+	ReasonClass    pgtype.Text
 	Redrives       pgtype.Int4
 	RedrivenAt     pgtype.Timestamptz
 }
@@ -169,7 +171,7 @@ func (q *Queries) ListStudents(ctx context.Context, db DBTX, arg ListStudentsPar
 			&i.UpdatedAt,
 			&i.OutboxState,
 			&i.Attempts,
-			&i.LastError,
+			&i.ReasonClass,
 			&i.Redrives,
 			&i.RedrivenAt,
 		); err != nil {

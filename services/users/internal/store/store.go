@@ -65,10 +65,11 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 // into the answer stored under the operation's key.
 type AnswerFunc func(User, error) (inbox.Outcome, error)
 
-// CreateUser is the create-user operation, at most once per key: the user
-// (or the refusal) and the answer stored under key commit in one
-// transaction. A repeat of key gets the stored answer, with replayed set.
-func (s *Store) CreateUser(ctx context.Context, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
+// CreateUser is the create-user operation, at most once per key in its
+// caller's scope: the user (or the refusal) and the answer stored under key
+// commit in one transaction. A repeat of key from the same caller gets the
+// stored answer, with replayed set.
+func (s *Store) CreateUser(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
 	return s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
 		u, err := s.insertUser(ctx, tx, p)
 		crashpoint.Pause(crashpoint.UsersInInboxTx)

@@ -20,6 +20,7 @@ type Inbox struct {
 	ResourceID     uuid.NullUUID
 	Replays        int32
 	CreatedAt      time.Time
+	Caller         string
 }
 
 type User struct {

@@ -1,0 +1,312 @@
+package migrations
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/pbkdf2"
+	crand "crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/text/secure/precis"
+)
+
+// The roles, by fixed name: the SQL migrations grant to them by name
+// (student/00003_roles.sql, users/00002_roles.sql), so a reader sees who may
+// do what without running anything. Each database has an owner, which owns
+// every table and runs the migrations but cannot log in, and one login role
+// per process that uses the database at run time.
+const (
+	StudentOwner = "student_owner" // owns Student's tables; NOLOGIN
+	StudentApp   = "student_app"   // Student at run time
+	OutboxSender = "outbox_sender" // the outbox sender, on Student's database
+	UsersOwner   = "users_owner"   // owns Users' tables; NOLOGIN
+	UsersApp     = "users_app"     // Users at run time
+)
+
+// Owner is the role that owns the set's tables and applies its migrations.
+func (s Set) Owner() string {
+	if s == Users {
+		return UsersOwner
+	}
+	return StudentOwner
+}
+
+// Logins are the roles that log in to the set's database at run time; only
+// they may connect to it.
+func (s Set) Logins() []string {
+	if s == Users {
+		return []string{UsersApp}
+	}
+	return []string{StudentApp, OutboxSender}
+}
+
+// prepareRoles readies what the SQL migrations cannot do as the owner: the
+// roles themselves (cluster-wide, so an administrator's job), who may
+// connect to this database, and the owner's right to create in schema
+// public. It runs as the administrator, in one transaction.
+//
+// Roles are shared by every database of the cluster, so other migrators,
+// of other databases (the tests build several templates at once), may be
+// creating or altering the same roles right now. PostgreSQL reports such a
+// race as an error rather than waiting (a duplicate role, or "tuple
+// concurrently updated"), so the transaction is retried: the loser finds
+// the winner's roles and carries on.
+func prepareRoles(ctx context.Context, conn *pgx.Conn, set Set, passwords map[string]string) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return prepare(ctx, tx, set, passwords) })
+		if err == nil || attempt == 10 || !lostRace(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(time.Duration(attempt*25) * time.Millisecond):
+		}
+	}
+}
+
+// lostRace says whether err is another migrator's concurrent change to the
+// same catalog rows, which a retry gets past.
+func lostRace(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "23505", // unique_violation: a role created at the same moment
+		"42710", // duplicate_object: likewise, seen after it committed
+		"40001", // serialization_failure
+		"40P01": // deadlock_detected
+		return true
+	case "XX000":
+		return strings.Contains(pgErr.Message, "concurrently")
+	}
+	return false
+}
+
+func prepare(ctx context.Context, tx pgx.Tx, set Set, passwords map[string]string) error {
+	// Migrators of this same database queue here; those of other databases
+	// (advisory locks are per database) are what the retry is for.
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('outboxref roles'))"); err != nil {
+		return err
+	}
+	var superuser bool
+	if err := tx.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&superuser); err != nil {
+		return err
+	}
+	owner := set.Owner()
+	if err := ensureRole(ctx, tx, owner, false); err != nil {
+		return err
+	}
+	for _, role := range set.Logins() {
+		if err := ensureRole(ctx, tx, role, true); err != nil {
+			return err
+		}
+		// A SCRAM verifier, not the password: the statement may be logged
+		// (log_statement = 'ddl'), and a verifier in a log gives no login.
+		verifier, err := scramVerifier(passwords[role])
+		if err != nil {
+			return fmt.Errorf("password of %s: %w", role, err)
+		}
+		if _, err := tx.Exec(ctx, "ALTER ROLE "+ident(role)+" PASSWORD "+literal(verifier)); err != nil {
+			return fmt.Errorf("set the password of %s: %w", role, err)
+		}
+	}
+	// A superuser may SET ROLE to anyone; an administrator with CREATEROLE
+	// must be a member of the owner to act as it. (Creating a role made it
+	// one only with ADMIN OPTION since PostgreSQL 16, which is not enough to
+	// SET ROLE; granting again when already a member is harmless.)
+	if !superuser {
+		if _, err := tx.Exec(ctx, "GRANT "+ident(owner)+" TO CURRENT_USER"); err != nil {
+			return fmt.Errorf("grant %s to the administrator: %w", owner, err)
+		}
+	}
+	if err := adoptTables(ctx, tx, owner); err != nil {
+		return err
+	}
+	logins := identList(set.Logins())
+	for _, stmt := range []string{
+		// PostgreSQL 14 and older let everyone create in schema public; no
+		// runtime role may create anything.
+		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+		"GRANT USAGE, CREATE ON SCHEMA public TO " + ident(owner),
+		"GRANT USAGE ON SCHEMA public TO " + logins,
+	} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("schema public: %w", err)
+		}
+	}
+	return restrictConnect(ctx, tx, set)
+}
+
+// ensureRole creates role if it does not exist, and takes away any power
+// beyond logging in (or not) that an existing one may have been given by
+// hand: a runtime role that is a superuser would make every grant moot.
+func ensureRole(ctx context.Context, tx pgx.Tx, role string, login bool) error {
+	var super, createRole, createDB, replication, bypassRLS, canLogin bool
+	err := tx.QueryRow(ctx, `SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls, rolcanlogin
+		FROM pg_roles WHERE rolname = $1`, role).Scan(&super, &createRole, &createDB, &replication, &bypassRLS, &canLogin)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The defaults are NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION
+		// NOBYPASSRLS: exactly what a role here should have.
+		if _, err := tx.Exec(ctx, "CREATE ROLE "+ident(role)+" "+loginWord(login)); err != nil {
+			return fmt.Errorf("create role %s: %w", role, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("role %s: %w", role, err)
+	}
+	var fix []string
+	for _, a := range []struct {
+		has  bool
+		word string
+	}{
+		{super, "NOSUPERUSER"}, {createRole, "NOCREATEROLE"}, {createDB, "NOCREATEDB"},
+		{replication, "NOREPLICATION"}, {bypassRLS, "NOBYPASSRLS"}, {canLogin != login, loginWord(login)},
+	} {
+		if a.has {
+			fix = append(fix, a.word)
+		}
+	}
+	if len(fix) > 0 {
+		if _, err := tx.Exec(ctx, "ALTER ROLE "+ident(role)+" "+strings.Join(fix, " ")); err != nil {
+			return fmt.Errorf("alter role %s %s: %w", role, strings.Join(fix, " "), err)
+		}
+	}
+	return nil
+}
+
+func loginWord(login bool) string {
+	if login {
+		return "LOGIN"
+	}
+	return "NOLOGIN"
+}
+
+// adoptTables hands the owner the tables the administrator owns in schema
+// public: those an earlier version of the migrate step created as the
+// administrator, before the owner existed. Without this an upgraded
+// database would refuse the owner its own goose_db_version table.
+func adoptTables(ctx context.Context, tx pgx.Tx, owner string) error {
+	rows, err := tx.Query(ctx, `SELECT c.relname FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
+		  AND c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user)
+		ORDER BY c.relname`)
+	if err != nil {
+		return fmt.Errorf("find tables to adopt: %w", err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("find tables to adopt: %w", err)
+	}
+	for _, table := range tables {
+		// Sequences of identity and serial columns follow their table.
+		if _, err := tx.Exec(ctx, "ALTER TABLE public."+ident(table)+" OWNER TO "+ident(owner)); err != nil {
+			return fmt.Errorf("hand table %s to %s: %w", table, owner, err)
+		}
+	}
+	return nil
+}
+
+// restrictConnect lets only the set's login roles (and the database's
+// owner and superusers) connect to the current database, and nobody create
+// temporary tables in it. Connecting is granted per database, not per
+// cluster: without this, outbox_sender could connect to Users' database
+// whenever the two share a cluster.
+func restrictConnect(ctx context.Context, q querier, set Set) error {
+	var db string
+	if err := q.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		return err
+	}
+	for _, stmt := range []string{
+		"REVOKE CONNECT, TEMPORARY ON DATABASE " + ident(db) + " FROM PUBLIC",
+		"GRANT CONNECT ON DATABASE " + ident(db) + " TO " + identList(set.Logins()),
+	} {
+		if _, err := q.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("database %s: %w", db, err)
+		}
+	}
+	return nil
+}
+
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// RestrictConnect applies the set's database-level grants to the database
+// conn is on. The migrate step does this itself; it is exported for a
+// database cloned from a migrated template (CREATE DATABASE ... TEMPLATE
+// copies the schema and its grants, but not who may connect), as the
+// tests' databases are.
+func RestrictConnect(ctx context.Context, conn *pgx.Conn, set Set) error {
+	return restrictConnect(ctx, conn, set)
+}
+
+func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+func identList(names []string) string {
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = ident(n)
+	}
+	return strings.Join(quoted, ", ")
+}
+
+// literal quotes s as an SQL string literal. Only verifiers reach it
+// (base64 and a few separators), but quoting keeps it safe regardless.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// scramVerifier returns what PostgreSQL stores for password under
+// SCRAM-SHA-256 (RFC 5802, RFC 7677), in the form ALTER ROLE ... PASSWORD
+// accepts as already hashed. The password is normalised as pgx and libpq
+// normalise it when logging in (SASLprep; a password it rejects is used
+// as it is).
+func scramVerifier(password string) (string, error) {
+	if password == "" {
+		return "", errors.New("empty")
+	}
+	if p, err := precis.OpaqueString.String(password); err == nil {
+		password = p
+	}
+	const iterations = 4096 // PostgreSQL's default scram_iterations
+	salt := make([]byte, 16)
+	_, _ = crand.Read(salt) // never fails (crypto/rand since Go 1.24)
+	salted, err := pbkdf2.Key(sha256.New, password, salt, iterations, sha256.Size)
+	if err != nil {
+		return "", err
+	}
+	clientKey := hmacSHA256(salted, "Client Key")
+	storedKey := sha256.Sum256(clientKey)
+	serverKey := hmacSHA256(salted, "Server Key")
+	b64 := base64.StdEncoding.EncodeToString
+	return fmt.Sprintf("SCRAM-SHA-256$%d:%s$%s:%s", iterations, b64(salt), b64(storedKey[:]), b64(serverKey)), nil
+}
+
+func hmacSHA256(key []byte, msg string) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(msg))
+	return h.Sum(nil)
+}
+
+// missingPasswords names the set's login roles without a password.
+func missingPasswords(set Set, passwords map[string]string) []string {
+	var missing []string
+	for _, role := range set.Logins() {
+		if passwords[role] == "" {
+			missing = append(missing, role)
+		}
+	}
+	return slices.Clip(missing)
+}

@@ -1,0 +1,272 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+// roleCase is what one runtime role may and may not do on its database.
+type roleCase struct {
+	role string
+	set  migrations.Set
+	// allowed each succeed, in a transaction of their own that is rolled
+	// back afterwards.
+	allowed []string
+	// denied each fail with insufficient_privilege (42501).
+	denied []string
+}
+
+// Rows the statements refer to, seeded by the administrator.
+const (
+	studentID = "00000000-0000-0000-0000-00000000000a"
+	userID    = "00000000-0000-0000-0000-00000000000b"
+	outboxKey = "00000000-0000-0000-0000-00000000000c"
+)
+
+// ddl is what no runtime role may do: change the schema, or create
+// anything, even a temporary table.
+var ddl = []string{
+	`CREATE TABLE t (id int)`,
+	`CREATE TEMP TABLE t (id int)`,
+	`CREATE SCHEMA s`,
+	`CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'`,
+	`ALTER TABLE inbox ADD COLUMN x int`,
+	`DROP TABLE inbox`,
+	`TRUNCATE inbox`,
+	`DELETE FROM goose_db_version`,
+}
+
+var roleCases = []roleCase{
+	{
+		role: migrations.StudentApp, set: migrations.Student,
+		allowed: []string{
+			// store.insertStudent, GetStudent and the inbox's statements.
+			`INSERT INTO students (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')
+				ON CONFLICT (document_number) DO NOTHING RETURNING id, name, email, document_number, user_id, created_at, updated_at`,
+			`INSERT INTO outbox (idempotency_key, operation, student_id, payload)
+				VALUES (gen_random_uuid(), 'create-user', '` + studentID + `', '{}') ON CONFLICT DO NOTHING`,
+			`SELECT s.*, o.state, o.attempts, o.reason_class, o.redrives, o.redriven_at
+				FROM students s LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'`,
+			`INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('k2', '\x00', '{}')`,
+			`UPDATE inbox SET status_code = 201, response_body = '{}', resource_id = gen_random_uuid(), replays = replays + 1
+				WHERE idempotency_key = 'k1'`,
+			`DELETE FROM inbox WHERE created_at < now() - interval '1 day'`,
+		},
+		denied: append([]string{
+			// Linking a student to its user is the sender's.
+			`UPDATE students SET user_id = '` + userID + `'`,
+			`UPDATE students SET name = 'X'`,
+			`DELETE FROM students`,
+			// The sender's side of the outbox, and what is for operators.
+			`SELECT last_error FROM outbox`,
+			`SELECT payload FROM outbox`,
+			`UPDATE outbox SET state = 'delivered'`,
+			`DELETE FROM outbox`,
+			`SELECT * FROM outbox_events`,
+			// A key's request is never rewritten.
+			`UPDATE inbox SET request = '{}'`,
+			`SET ROLE student_owner`,
+		}, ddl...),
+	},
+	{
+		role: migrations.OutboxSender, set: migrations.Student,
+		allowed: []string{
+			// ClaimDue, LinkStudents, MarkDead, Redrive, the history, the
+			// purge and the admin API's reads.
+			`UPDATE outbox o SET available_at = now(), lease_token = gen_random_uuid(), claimed_by = 's', attempts = o.attempts + 1
+				FROM (SELECT id FROM outbox WHERE state = 'pending' ORDER BY available_at, id FOR UPDATE SKIP LOCKED) due
+				WHERE o.id = due.id RETURNING o.*`,
+			`UPDATE students s SET user_id = '` + userID + `', updated_at = now()
+				WHERE s.id = '` + studentID + `' AND s.user_id IS NULL RETURNING s.id`,
+			`UPDATE outbox SET state = 'dead', dead_at = now(), last_error = 'x', reason_class = 'refused', lease_token = NULL`,
+			`UPDATE outbox SET state = 'pending', attempts = 0, age_from = now(), redrives = redrives + 1, redriven_at = now(),
+				previous_keys = previous_keys || idempotency_key, idempotency_key = gen_random_uuid(), claimed_by = NULL, delivered_at = NULL`,
+			`INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, actor, idempotency_key)
+				SELECT id, 'attempt', 1, 'retry', 's', idempotency_key FROM outbox`,
+			`DELETE FROM outbox_events`,
+			`DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE state = 'delivered' FOR UPDATE SKIP LOCKED)`,
+			`SELECT o.*, s.name, s.user_id FROM outbox o JOIN students s ON s.id = o.student_id`,
+		},
+		denied: append([]string{
+			// Of a student, only its link to its user.
+			`UPDATE students SET name = 'X'`,
+			`UPDATE students SET document_number = 'X'`,
+			`SELECT email FROM students`,
+			`SELECT * FROM students`,
+			`DELETE FROM students`,
+			`INSERT INTO students (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')`,
+			// What an operation is, is Student's.
+			`INSERT INTO outbox (idempotency_key, operation, student_id, payload) VALUES (gen_random_uuid(), 'create-user', '` + studentID + `', '{}')`,
+			`UPDATE outbox SET payload = '{}'`,
+			`UPDATE outbox SET student_id = '` + studentID + `'`,
+			// Client keys are Student's.
+			`SELECT * FROM inbox`,
+			`DELETE FROM inbox`,
+			`SET ROLE student_owner`,
+		}, ddl...),
+	},
+	{
+		role: migrations.UsersApp, set: migrations.Users,
+		allowed: []string{
+			`INSERT INTO users (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')
+				ON CONFLICT (document_number) WHERE enabled DO NOTHING RETURNING *`,
+			`SELECT * FROM users`,
+			`INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('k2', '\x00', '{}')`,
+			`UPDATE inbox SET status_code = 201, response_body = '{}', resource_id = gen_random_uuid(), replays = replays + 1
+				WHERE idempotency_key = 'k1'`,
+			`DELETE FROM inbox WHERE created_at < now() - interval '7 days'`,
+		},
+		denied: append([]string{
+			// Disabling a user is an operator's job.
+			`UPDATE users SET enabled = false`,
+			`DELETE FROM users`,
+			`UPDATE inbox SET request_hash = '\x01'`,
+			`SET ROLE users_owner`,
+		}, ddl...),
+	},
+}
+
+// TestEachRoleHasItsGrantsAndNoMore: for each runtime role, what its
+// process does succeeds, and each statement outside its grants fails with
+// permission denied.
+func TestEachRoleHasItsGrantsAndNoMore(t *testing.T) {
+	t.Parallel()
+	dbs := map[migrations.Set]string{
+		migrations.Student: pgtest.URL(t, migrations.Student),
+		migrations.Users:   pgtest.URL(t, migrations.Users),
+	}
+	seed(t, dbs)
+	for _, c := range roleCases {
+		t.Run(c.role, func(t *testing.T) {
+			t.Parallel()
+			conn := connect(t, pgtest.RoleURL(t, dbs[c.set], c.role))
+			for _, sql := range c.allowed {
+				require.NoError(t, inRolledBackTx(conn, sql), "%s may: %s", c.role, sql)
+			}
+			for _, sql := range c.denied {
+				err := inRolledBackTx(conn, sql)
+				require.Equal(t, "42501", sqlState(err), "%s must not: %s\ngot: %v", c.role, sql, err)
+			}
+		})
+	}
+}
+
+// TestRolesCannotReachTheOtherDatabase: even in one cluster, no runtime role
+// may connect to the other service's database; outbox_sender has nothing
+// to do in Users' database.
+func TestRolesCannotReachTheOtherDatabase(t *testing.T) {
+	t.Parallel()
+	studentURL := pgtest.URL(t, migrations.Student)
+	usersURL := pgtest.URL(t, migrations.Users)
+	for _, c := range []struct{ role, url string }{
+		{migrations.OutboxSender, usersURL},
+		{migrations.StudentApp, usersURL},
+		{migrations.UsersApp, studentURL},
+	} {
+		_, err := tryConnect(pgtest.RoleURL(t, c.url, c.role))
+		require.Equal(t, "42501", sqlState(err), "%s must not connect: %v", c.role, err)
+	}
+	// ... while each connects to its own.
+	for _, c := range []struct{ role, url string }{
+		{migrations.OutboxSender, studentURL},
+		{migrations.StudentApp, studentURL},
+		{migrations.UsersApp, usersURL},
+	} {
+		conn, err := tryConnect(pgtest.RoleURL(t, c.url, c.role))
+		require.NoError(t, err, c.role)
+		require.NoError(t, conn.Close(context.Background()))
+	}
+}
+
+// TestRoleAttributes: no runtime role holds a power beyond logging in, the
+// owners cannot log in, and the owners own every table.
+func TestRoleAttributes(t *testing.T) {
+	t.Parallel()
+	studentURL := pgtest.URL(t, migrations.Student)
+	usersURL := pgtest.URL(t, migrations.Users)
+	admin := connect(t, studentURL)
+	ctx := context.Background()
+	for _, role := range []string{migrations.StudentApp, migrations.OutboxSender, migrations.UsersApp, migrations.StudentOwner, migrations.UsersOwner} {
+		var powers []string
+		var login bool
+		err := admin.QueryRow(ctx, `SELECT array_remove(ARRAY[
+				CASE WHEN rolsuper THEN 'superuser' END, CASE WHEN rolcreaterole THEN 'createrole' END,
+				CASE WHEN rolcreatedb THEN 'createdb' END, CASE WHEN rolreplication THEN 'replication' END,
+				CASE WHEN rolbypassrls THEN 'bypassrls' END], NULL), rolcanlogin
+			FROM pg_roles WHERE rolname = $1`, role).Scan(&powers, &login)
+		require.NoError(t, err, role)
+		require.Empty(t, powers, role)
+		owner := role == migrations.StudentOwner || role == migrations.UsersOwner
+		require.Equal(t, !owner, login, "%s: rolcanlogin", role)
+		if owner {
+			_, err := tryConnect(pgtest.RoleURL(t, studentURL, role))
+			require.Equal(t, "28000", sqlState(err), "%s must not log in: %v", role, err)
+		}
+	}
+	for set, dbURL := range map[migrations.Set]string{migrations.Student: studentURL, migrations.Users: usersURL} {
+		var owners []string
+		err := connect(t, dbURL).QueryRow(ctx,
+			`SELECT array_agg(DISTINCT tableowner::text) FROM pg_tables WHERE schemaname = 'public'`).Scan(&owners)
+		require.NoError(t, err)
+		require.Equal(t, []string{set.Owner()}, owners, "every table of %s, goose's too, is the owner's", set)
+	}
+}
+
+// seed gives the allowed statements rows to work on.
+func seed(t *testing.T, dbs map[migrations.Set]string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := connect(t, dbs[migrations.Student]).Exec(ctx, `
+		INSERT INTO students (id, name, email, document_number) VALUES ('`+studentID+`', 'A', 'a@example.com', '1');
+		INSERT INTO outbox (idempotency_key, operation, student_id, payload) VALUES ('`+outboxKey+`', 'create-user', '`+studentID+`', '{}');
+		INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('k1', '\x00', '{}');`)
+	require.NoError(t, err)
+	_, err = connect(t, dbs[migrations.Users]).Exec(ctx,
+		`INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('k1', '\x00', '{}')`)
+	require.NoError(t, err)
+}
+
+func connect(t *testing.T, dbURL string) *pgx.Conn {
+	t.Helper()
+	conn, err := tryConnect(dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
+func tryConnect(dbURL string) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return pgx.Connect(ctx, dbURL)
+}
+
+// inRolledBackTx runs sql in a transaction and rolls it back, so that one
+// statement's effects never decide another's outcome.
+func inRolledBackTx(conn *pgx.Conn, sql string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, sql)
+	return err
+}
+
+func sqlState(err error) string {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pgErr.Code
+	}
+	return ""
+}

@@ -1,0 +1,63 @@
+package sender
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+// TestAdminRefusesNonCanonicalIDs: a row id in a path is its decimal form
+// only; "+1", "01" and the like are 400 naming id, and a redrive sent to
+// one changes nothing.
+func TestAdminRefusesNonCanonicalIDs(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	admin := adminAPI(t, pool)
+	addStudents(t, pool, 1)
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"UPDATE outbox SET state = 'dead', dead_at = now(), reason_class = 'expired' RETURNING id").Scan(&id))
+	canonical := strconv.FormatInt(id, 10)
+	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, admin+"/outbox/"+canonical, "").Status)
+
+	for _, other := range []string{"+" + canonical, "0" + canonical, canonical + "%20", "%20" + canonical, "0x" + canonical, "-" + canonical, "0"} {
+		res := apitest.Do(t, http.MethodGet, admin+"/outbox/"+other, "")
+		require.Equal(t, http.StatusBadRequest, res.Status, other)
+		require.Equal(t, []string{"id"}, res.Problem(t).Fields(), other)
+
+		res = apitest.Do(t, http.MethodPost, admin+"/outbox/"+other+"/redrive", `{"mode":"retry"}`)
+		require.Equal(t, http.StatusBadRequest, res.Status, other)
+		require.Equal(t, []string{"id"}, res.Problem(t).Fields(), other)
+	}
+	// A redrive body that is not valid UTF-8, or a repeated parameter, is
+	// refused as well.
+	res := apitest.Do(t, http.MethodPost, admin+"/outbox/"+canonical+"/redrive", `{"mode":"retry`+"\xff"+`"}`)
+	require.Equal(t, http.StatusBadRequest, res.Status)
+	require.Equal(t, []string{"mode"}, res.Problem(t).Fields())
+	res = apitest.Do(t, http.MethodPost, admin+"/outbox/"+canonical+"/redrive?force=1&force=1", `{"mode":"retry"}`)
+	require.Equal(t, http.StatusBadRequest, res.Status)
+	require.Equal(t, []string{"force"}, res.Problem(t).Fields())
+
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead' AND redrives = 0"), "nothing was redriven")
+	require.Equal(t, 0, count(t, pool, "SELECT count(*) FROM outbox_events"))
+}
+
+// TestAdminProblemTypesResolve: the types the admin routes send resolve on
+// the admin port, the listener that sends them.
+func TestAdminProblemTypesResolve(t *testing.T) {
+	t.Parallel()
+	admin := adminAPI(t, pgtest.Pool(t, migrations.Student))
+	for _, typ := range []string{TypeNotDead, TypeNewKeyUnsafe, httpapi.TypeUnsupportedMediaType, httpapi.TypeValidation, httpapi.TypeNotFound} {
+		res := apitest.Do(t, http.MethodGet, admin+typ, "")
+		require.Equal(t, http.StatusOK, res.Status, typ)
+		require.Equal(t, "text/html; charset=utf-8", res.Header.Get("Content-Type"), typ)
+	}
+}
