@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/url"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,7 +49,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			admin.Get("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP)
 			AdminRoutes(admin, NewOperator(pool, "admin-api@"+cfg.ID, cfg.DatabaseTimeout))
 
-			log.Info("sender starting", slog.String("users_url", cfg.UsersURL), slog.Int("batch_size", cfg.BatchSize),
+			log.Info("sender starting", slog.String("users_url", redacted(cfg.UsersURL)), slog.Int("batch_size", cfg.BatchSize),
 				slog.Int("concurrency", cfg.Concurrency), slog.Duration("lease", cfg.Lease))
 			return []service.Part{
 				{Name: "delivery", Run: s.Run},
@@ -59,4 +60,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			}
 		},
 	}.Run(ctx, args, stdout)
+}
+
+// redacted is u with any password in it masked: the address of Users is
+// worth a log line, a password someone put in it is not.
+func redacted(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable)"
+	}
+	return parsed.Redacted()
 }
