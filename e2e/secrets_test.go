@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,8 +78,22 @@ func TestSecretsNeverLeave(t *testing.T) {
 		// configuration that runs.
 		broken, unreachable, serving map[string]string
 		get                          []string // paths asked while serving
+		post                         string   // a student to create while serving, if any
+		// waitFor, if set, must hold before the binary is stopped.
+		waitFor func() bool
 	}
 	free := apitest.FreeAddr(t)
+	// A Users that refuses every credential, so that the sender's loud
+	// misconfiguration line, which names Users' URL, is part of the output.
+	var refusals atomic.Int64
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		refusals.Add(1)
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	t.Cleanup(refusing.Close)
+	refusingURL, err := url.Parse(refusing.URL)
+	require.NoError(t, err)
+	refusingURL.User = url.UserPassword("u", secret("users-url"))
 	binaries := []binary{
 		{
 			name: "student", run: studentsvc.Run,
@@ -98,7 +114,8 @@ func TestSecretsNeverLeave(t *testing.T) {
 				"STUDENT_DATABASE_URL": withSecret(studentDB, migrations.StudentApp),
 				"STUDENT_HTTP_ADDR":    free,
 			},
-			get: []string{"/students", "/students/00000000-0000-0000-0000-000000000000", "/readyz", "/nope"},
+			get:  []string{"/students", "/students/00000000-0000-0000-0000-000000000000", "/readyz", "/nope"},
+			post: `{"name":"Ada Lovelace","email":"ada@example.com","document_number":"SECRETS-1"}`,
 		},
 		{
 			name: "users", run: usersvc.Run,
@@ -139,11 +156,12 @@ func TestSecretsNeverLeave(t *testing.T) {
 			},
 			serving: map[string]string{
 				"SENDER_DATABASE_URL": withSecret(studentDB, migrations.OutboxSender),
-				"SENDER_USERS_URL":    "http://u:" + secret("users-url") + "@127.0.0.1:1",
+				"SENDER_USERS_URL":    refusingURL.String(),
 				"SENDER_USERS_TOKEN":  secret("token"),
 				"SENDER_ADMIN_ADDR":   free,
 			},
-			get: []string{"/metrics", "/dead-letters", "/readyz", "/nope"},
+			get:     []string{"/metrics", "/dead-letters", "/readyz", "/nope"},
+			waitFor: func() bool { return refusals.Load() > 0 },
 		},
 	}
 	for _, b := range binaries {
@@ -196,6 +214,18 @@ func TestSecretsNeverLeave(t *testing.T) {
 					bodies.Write(body)
 					break
 				}
+			}
+			if b.post != "" {
+				resp, err := http.Post("http://"+free+"/students", "application/json", strings.NewReader(b.post))
+				require.NoError(t, err)
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+				bodies.Write(body)
+			}
+			if b.waitFor != nil {
+				require.Eventually(t, b.waitFor, 10*time.Second, 50*time.Millisecond, "the binary did not reach the path under test")
+				time.Sleep(200 * time.Millisecond) // let the log line that follows the answer be written
 			}
 			cancel()
 			select {

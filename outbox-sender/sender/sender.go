@@ -290,7 +290,7 @@ func (s *Sender) authRefused(row outboxdb.ClaimDueRow, code int, why string, atL
 	if refused, ok := s.authAlarm.ring(time.Now(), authAlarmEvery); ok {
 		// The token is never logged; the URL and the status say where to look.
 		s.log.Error("Users refused the sender's credentials: misconfiguration, SENDER_USERS_TOKEN is missing, wrong, or not among Users' USERS_API_TOKENS; rows are retried, not dead-lettered, until it is fixed",
-			slog.Int("status", code), slog.String("users_url", s.cfg.UsersURL), slog.Int64("outbox_id", row.ID),
+			slog.Int("status", code), slog.String("users_url", redacted(s.cfg.UsersURL)), slog.Int64("outbox_id", row.ID),
 			slog.Int("refused_since_last_log", refused))
 	}
 	why += ": Users refused the sender's credentials (check SENDER_USERS_TOKEN)"

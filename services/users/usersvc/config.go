@@ -63,6 +63,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	if tokens := e.Secret("USERS_API_TOKENS"); tokens != "" {
 		callers, err := auth.ParseTokens(tokens)
 		e.Check(err == nil, "USERS_API_TOKENS: %w", err)
+		// A list of blank entries would start a Users that refuses everyone.
+		e.Check(err != nil || len(callers) > 0, "USERS_API_TOKENS: lists no caller; list each as caller:token")
 		c.Callers = callers
 	}
 	// The wait for a key happens inside the transaction: a deadline no

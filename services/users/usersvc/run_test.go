@@ -46,6 +46,8 @@ func TestRunNeedsCallers(t *testing.T) {
 	t.Parallel()
 	err := Run(context.Background(), nil, apitest.Env(), &bytes.Buffer{})
 	require.ErrorContains(t, err, "USERS_API_TOKENS (or USERS_API_TOKENS_FILE) is required")
+	err = Run(context.Background(), nil, apitest.Env("USERS_API_TOKENS", " , \n ,"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "USERS_API_TOKENS: lists no caller", "blank entries are no callers")
 
 	err = Run(context.Background(), nil, apitest.Env("USERS_API_TOKENS", "outbox-sender:"+senderToken+",other:"+senderToken+",admin:hunter2"), &bytes.Buffer{})
 	require.ErrorContains(t, err, `USERS_API_TOKENS: `)
