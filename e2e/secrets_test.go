@@ -111,7 +111,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				"STUDENT_DATABASE_PASSWORD": secret("pw"),
 			},
 			serving: map[string]string{
-				"STUDENT_DATABASE_URL": withSecret(studentDB, migrations.StudentApp),
+				"STUDENT_DATABASE_URL": pgtest.RoleURL(t, studentDB, migrations.StudentApp),
 				"STUDENT_HTTP_ADDR":    free,
 			},
 			get:  []string{"/students", "/students/00000000-0000-0000-0000-000000000000", "/readyz", "/nope"},
@@ -133,7 +133,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				"USERS_API_TOKENS":        "outbox-sender:" + secret("token"),
 			},
 			serving: map[string]string{
-				"USERS_DATABASE_URL":    withSecret(usersDB, migrations.UsersApp),
+				"USERS_DATABASE_URL":    pgtest.RoleURL(t, usersDB, migrations.UsersApp),
 				"USERS_API_TOKENS_FILE": tokensFile,
 				"USERS_HTTP_ADDR":       free,
 			},
@@ -155,7 +155,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				"SENDER_USERS_TOKEN":       secret("token"),
 			},
 			serving: map[string]string{
-				"SENDER_DATABASE_URL": withSecret(studentDB, migrations.OutboxSender),
+				"SENDER_DATABASE_URL": pgtest.RoleURL(t, studentDB, migrations.OutboxSender),
 				"SENDER_USERS_URL":    refusingURL.String(),
 				"SENDER_USERS_TOKEN":  secret("token"),
 				"SENDER_ADMIN_ADDR":   free,
@@ -192,9 +192,9 @@ func TestSecretsNeverLeave(t *testing.T) {
 				check(fmt.Sprintf("unreachable database, args %v", args), out.String(), err)
 			}
 
-			// The password in the URL is wrong for the role; the test
-			// cluster may or may not check it. Either way it runs or fails
-			// without saying the password.
+			// Serving logs in with the role's real password (the cluster
+			// may check it); the marked secrets here are the tokens and the
+			// password in the sender's Users URL.
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var logs syncBuffer
