@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,24 +29,6 @@ import (
 const secretMark = "Sekr1tMark"
 
 type runFunc func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error
-
-// syncBuffer is written by a running binary's logger while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func secret(name string) string { return secretMark + "-" + name + "-0123456789abcdef" }
 
@@ -174,7 +154,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				require.NotContains(t, out, secretMark, "%s: a secret leaked", what)
 			}
 
-			var out syncBuffer
+			var out apitest.Logs
 			err := b.run(context.Background(), nil, lookup(b.broken), &out)
 			require.Error(t, err, "a broken configuration must not start")
 			check("broken configuration", out.String(), err)
@@ -183,7 +163,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				// Serving goes on without its database (readiness says so)
 				// until stopped; migrate fails.
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				var out syncBuffer
+				var out apitest.Logs
 				err := b.run(ctx, args, lookup(b.unreachable), &out)
 				cancel()
 				if len(args) > 0 {
@@ -197,7 +177,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 			// password in the sender's Users URL.
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			var logs syncBuffer
+			var logs apitest.Logs
 			done := make(chan error, 1)
 			go func() { done <- b.run(ctx, nil, lookup(b.serving), &logs) }()
 			deadline := time.Now().Add(10 * time.Second)

@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/internal/httpapi"
 )
 
 // FuzzTarget is a service's whole HTTP stack on a real database, for
@@ -29,7 +31,7 @@ type FuzzTarget struct {
 	// Handler is the service's real router, built on DB and logging to Log.
 	Handler http.Handler
 	DB      *pgxpool.Pool
-	Log     *LogBuffer
+	Log     *Logs // from NewLogBuffer: warnings and errors only
 	// Writes returns what an answer may have added to each table; every
 	// table it does not name must be unchanged. It may check the answer
 	// further (that a Location names a row that exists) with t.
@@ -267,39 +269,31 @@ func countRows(ctx context.Context, t testing.TB, db *pgxpool.Pool, tables []str
 	return out
 }
 
-// LogBuffer is a logger's output, kept for a test to read. NewLogBuffer's
-// logger writes only at warn and above, so an empty buffer means nothing
-// went wrong.
-type LogBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
 // NewLogBuffer returns a buffer and a JSON logger that writes warnings and
-// errors to it.
-func NewLogBuffer() (*LogBuffer, *slog.Logger) {
-	b := &LogBuffer{}
+// errors to it, so an empty buffer means nothing went wrong.
+func NewLogBuffer() (*Logs, *slog.Logger) {
+	b := &Logs{}
 	return b, slog.New(slog.NewJSONHandler(b, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-func (b *LogBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
+// PersonBody is a person's JSON body with the values spliced in as they
+// are: unlike contract.Body, it keeps invalid UTF-8 and escapes, which %q
+// would rewrite.
+func PersonBody(name, email, doc string) string {
+	return `{"name":"` + name + `","email":"` + email + `","document_number":"` + doc + `"}`
 }
 
-// String returns what was logged since the last Reset.
-func (b *LogBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// Reset forgets what was logged.
-func (b *LogBuffer) Reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Reset()
+// ProblemType reads the type of a problem+json answer ("" for any other).
+func ProblemType(t testing.TB, res *http.Response) string {
+	t.Helper()
+	if res.Header.Get("Content-Type") != httpapi.ProblemContentType {
+		return ""
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&p))
+	return p.Type
 }
 
 // Lines returns the header blob FuzzAPI takes for name, value pairs.

@@ -43,3 +43,10 @@ func (l *Logs) String() string {
 	defer l.mu.Unlock()
 	return l.buf.String()
 }
+
+// Reset forgets what was logged.
+func (l *Logs) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Reset()
+}

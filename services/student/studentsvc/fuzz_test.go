@@ -1,7 +1,6 @@
 package studentsvc
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -25,8 +24,8 @@ import (
 func FuzzStudentAPI(f *testing.F) {
 	ct := apitest.Lines("Content-Type", "application/json")
 	withKey := func(key string) string { return ct + apitest.Lines(httpapi.KeyHeader, key) }
-	ada := personBody("Ada Lovelace", "ada@example.com", "F-1")
-	adaK := personBody("Ada Lovelace", "ada@example.com", "F-1k")
+	ada := apitest.PersonBody("Ada Lovelace", "ada@example.com", "F-1")
+	adaK := apitest.PersonBody("Ada Lovelace", "ada@example.com", "F-1k")
 	id := uuid.MustParse("01a237d2-c993-7626-8986-e2c90b9557fa")
 	seeds := []struct {
 		method, target, headers, body string
@@ -35,10 +34,10 @@ func FuzzStudentAPI(f *testing.F) {
 		{"POST", "/students", ct, ada},
 		{"POST", "/students", withKey("k1"), adaK},
 		{"POST", "/students", withKey(`"k1"`), adaK},
-		{"POST", "/students", withKey("k1"), personBody("Ada Lovelace", "ada@example.org", "F-1k")},
+		{"POST", "/students", withKey("k1"), apitest.PersonBody("Ada Lovelace", "ada@example.org", "F-1k")},
 		{"POST", "/students", withKey("k2"), adaK},
 		{"POST", "/students", withKey("k2"), adaK},
-		{"POST", "/students", ct + apitest.Lines(httpapi.KeyHeader, "a", httpapi.KeyHeader, "b"), personBody("B", "b@example.com", "F-2")},
+		{"POST", "/students", ct + apitest.Lines(httpapi.KeyHeader, "a", httpapi.KeyHeader, "b"), apitest.PersonBody("B", "b@example.com", "F-2")},
 		{"POST", "/students", withKey("a,b"), ada},
 		{"POST", "/students", withKey(strings.Repeat("k", 256)), ada},
 		{"POST", "/students", withKey(`"unterminated`), ada},
@@ -53,26 +52,26 @@ func FuzzStudentAPI(f *testing.F) {
 		{"POST", "/students", ct, `{"name":"A","name":"B","email":"a@b.co","document_number":"1"}`},
 		{"POST", "/students", ct, `{"name":1,"email":true,"document_number":null}`},
 		{"POST", "/students", ct, ada + ada},
-		{"POST", "/students", ct, personBody(strings.Repeat("a", 17<<10), "a@b.co", "F-3")},
-		{"POST", "/students", ct, personBody("\xff\xfe", "a@b.co", "F-4")},
+		{"POST", "/students", ct, apitest.PersonBody(strings.Repeat("a", 17<<10), "a@b.co", "F-3")},
+		{"POST", "/students", ct, apitest.PersonBody("\xff\xfe", "a@b.co", "F-4")},
 		{"POST", "/students", ct, "{\"name\":\"A\xffB\",\"email\":\"a@b.co\",\"document_number\":\"F-5\"}"},
-		{"POST", "/students", ct, personBody("Nul\x00l", "a@b.co", "F-6")},
-		{"POST", "/students", ct, personBody("  ", " ", "\t")},
-		{"POST", "/students", ct, personBody(`A\u0000B`, "nul@example.com", "F-12")},
-		{"POST", "/students", ct, personBody("Q", `\"q\u0000\"@example.com`, "F-13")},
-		{"POST", "/students", ct, personBody("R", `\"r s\"@example.com`, "F-14")},
-		{"POST", "/students", ct, personBody(`\ud800`, "s@example.com", "F-15")},
+		{"POST", "/students", ct, apitest.PersonBody("Nul\x00l", "a@b.co", "F-6")},
+		{"POST", "/students", ct, apitest.PersonBody("  ", " ", "\t")},
+		{"POST", "/students", ct, apitest.PersonBody(`A\u0000B`, "nul@example.com", "F-12")},
+		{"POST", "/students", ct, apitest.PersonBody("Q", `\"q\u0000\"@example.com`, "F-13")},
+		{"POST", "/students", ct, apitest.PersonBody("R", `\"r s\"@example.com`, "F-14")},
+		{"POST", "/students", ct, apitest.PersonBody(`\ud800`, "s@example.com", "F-15")},
 		// Header variants: media types, framing, odd casing and repeats.
 		{"POST", "/students", apitest.Lines("Content-Type", "text/plain"), ada},
-		{"POST", "/students", apitest.Lines("Content-Type", "application/json; charset=utf-8"), personBody("C", "c@example.com", "F-7")},
-		{"POST", "/students", apitest.Lines("Content-Type", "APPLICATION/JSON"), personBody("D", "d@example.com", "F-8")},
+		{"POST", "/students", apitest.Lines("Content-Type", "application/json; charset=utf-8"), apitest.PersonBody("C", "c@example.com", "F-7")},
+		{"POST", "/students", apitest.Lines("Content-Type", "APPLICATION/JSON"), apitest.PersonBody("D", "d@example.com", "F-8")},
 		{"POST", "/students", apitest.Lines("Content-Type", "application/json; charset"), ada},
 		{"POST", "/students", apitest.Lines("content-type", "application/json", "Content-Type", "text/plain"), ada},
-		{"POST", "/students", "", personBody("E", "e@example.com", "F-9")},
+		{"POST", "/students", "", apitest.PersonBody("E", "e@example.com", "F-9")},
 		{"POST", "/students", ct + apitest.Lines("Transfer-Encoding", "chunked"), "5\r\n{\"nam\r\n0\r\n\r\n"},
 		{"POST", "/students", ct + apitest.Lines("Transfer-Encoding", "chunked"), "zz\r\n"},
 		{"POST", "/students", ct + apitest.Lines("Content-Length", "5"), ada},
-		{"POST", "/students", ct + apitest.Lines("Expect", "100-continue"), personBody("F", "f@example.com", "F-10")},
+		{"POST", "/students", ct + apitest.Lines("Expect", "100-continue"), apitest.PersonBody("F", "f@example.com", "F-10")},
 		{"POST", "/students", ct + apitest.Lines("Content-Encoding", "gzip"), ada},
 		// Reads: pages, cursors, ids in every spelling uuid.Parse accepts.
 		{"GET", "/students", "", ""},
@@ -108,7 +107,7 @@ func FuzzStudentAPI(f *testing.F) {
 		{"POST", "/students/../students", ct, ada},
 		{"POST", "/STUDENTS", ct, ada},
 		{"POST", "/students;x", ct, ada},
-		{"POST", "http://api.test/students", ct, personBody("G", "g@example.com", "F-11")},
+		{"POST", "http://api.test/students", ct, apitest.PersonBody("G", "g@example.com", "F-11")},
 		{"GET", "*", "", ""},
 		{"GET", "/" + strings.Repeat("a", 8<<10), "", ""},
 		{"GET", "/healthz", "", ""},
@@ -145,29 +144,10 @@ func FuzzStudentAPI(f *testing.F) {
 					w["inbox"] = 1
 				}
 				return w
-			case res.StatusCode == http.StatusConflict && keyed && problemType(t, res) == httpapi.TypeDocumentTaken:
+			case res.StatusCode == http.StatusConflict && keyed && apitest.ProblemType(t, res) == httpapi.TypeDocumentTaken:
 				return map[string]int{"inbox": 1} // the refusal, stored under the key
 			}
 			return nil
 		},
 	})
-}
-
-// personBody is a person's JSON body; it keeps invalid UTF-8 and escapes
-// as they are, where %q would rewrite them.
-func personBody(name, email, doc string) string {
-	return `{"name":"` + name + `","email":"` + email + `","document_number":"` + doc + `"}`
-}
-
-// problemType reads the type of a problem+json answer ("" for any other).
-func problemType(t *testing.T, res *http.Response) string {
-	t.Helper()
-	if res.Header.Get("Content-Type") != httpapi.ProblemContentType {
-		return ""
-	}
-	var p struct {
-		Type string `json:"type"`
-	}
-	require.NoError(t, json.NewDecoder(res.Body).Decode(&p))
-	return p.Type
 }

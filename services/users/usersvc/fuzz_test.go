@@ -1,7 +1,6 @@
 package usersvc
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -33,7 +32,7 @@ func FuzzUsersAPI(f *testing.F) {
 	authed := apitest.Lines("Authorization", "Bearer "+fuzzToken)
 	ct := authed + apitest.Lines("Content-Type", "application/json")
 	withKey := func(key string) string { return ct + apitest.Lines(httpapi.KeyHeader, key) }
-	ada := personBody("Ada Lovelace", "ada@example.com", "F-1")
+	ada := apitest.PersonBody("Ada Lovelace", "ada@example.com", "F-1")
 	id := uuid.MustParse("01a237d2-c9b3-7611-8201-c34152834767")
 	seeds := []struct {
 		method, target, headers, body string
@@ -41,23 +40,23 @@ func FuzzUsersAPI(f *testing.F) {
 		// The contract: create, replay, reuse with another body, taken.
 		{"POST", "/users", withKey("k1"), ada},
 		{"POST", "/users", withKey(`"k1"`), ada},
-		{"POST", "/users", withKey("k1"), personBody("Ada Lovelace", "ada@example.org", "F-1")},
+		{"POST", "/users", withKey("k1"), apitest.PersonBody("Ada Lovelace", "ada@example.org", "F-1")},
 		{"POST", "/users", withKey("k2"), ada},
 		{"POST", "/users", withKey("k2"), ada},
-		{"POST", "/users", ct, personBody("B", "b@example.com", "F-2")},
-		{"POST", "/users", ct + apitest.Lines(httpapi.KeyHeader, "a", httpapi.KeyHeader, "b"), personBody("B", "b@example.com", "F-2")},
+		{"POST", "/users", ct, apitest.PersonBody("B", "b@example.com", "F-2")},
+		{"POST", "/users", ct + apitest.Lines(httpapi.KeyHeader, "a", httpapi.KeyHeader, "b"), apitest.PersonBody("B", "b@example.com", "F-2")},
 		{"POST", "/users", withKey("a,b"), ada},
 		{"POST", "/users", withKey(strings.Repeat("k", 256)), ada},
 		{"POST", "/users", withKey(`"unterminated`), ada},
 		{"POST", "/users", ct + httpapi.KeyHeader + ":\n", ada},
 		// Credentials: none, unknown, malformed, another caller's, twice.
-		{"POST", "/users", apitest.Lines("Content-Type", "application/json", httpapi.KeyHeader, "k3"), personBody("C", "c@example.com", "F-3")},
-		{"POST", "/users", apitest.Lines("Authorization", "Bearer not-a-known-token-0000", httpapi.KeyHeader, "k3"), personBody("C", "c@example.com", "F-3")},
-		{"POST", "/users", apitest.Lines("Authorization", "bearer "+fuzzToken, httpapi.KeyHeader, "k3"), personBody("C", "c@example.com", "F-3")},
-		{"POST", "/users", apitest.Lines("Authorization", "Bearer  "+fuzzToken+" ", httpapi.KeyHeader, "k3"), personBody("C", "c@example.com", "F-3")},
-		{"POST", "/users", apitest.Lines("Authorization", "Basic c2VuZGVyOnB3", httpapi.KeyHeader, "k3"), personBody("C", "c@example.com", "F-3")},
-		{"POST", "/users", apitest.Lines("Authorization", "Bearer", httpapi.KeyHeader, "k3"), personBody("C", "c@example.com", "F-3")},
-		{"POST", "/users", apitest.Lines("Authorization", "Bearer "+fuzzToken, "Authorization", "Bearer "+fuzzOtherToken, httpapi.KeyHeader, "k3"), personBody("C", "c@example.com", "F-3")},
+		{"POST", "/users", apitest.Lines("Content-Type", "application/json", httpapi.KeyHeader, "k3"), apitest.PersonBody("C", "c@example.com", "F-3")},
+		{"POST", "/users", apitest.Lines("Authorization", "Bearer not-a-known-token-0000", httpapi.KeyHeader, "k3"), apitest.PersonBody("C", "c@example.com", "F-3")},
+		{"POST", "/users", apitest.Lines("Authorization", "bearer "+fuzzToken, httpapi.KeyHeader, "k3"), apitest.PersonBody("C", "c@example.com", "F-3")},
+		{"POST", "/users", apitest.Lines("Authorization", "Bearer  "+fuzzToken+" ", httpapi.KeyHeader, "k3"), apitest.PersonBody("C", "c@example.com", "F-3")},
+		{"POST", "/users", apitest.Lines("Authorization", "Basic c2VuZGVyOnB3", httpapi.KeyHeader, "k3"), apitest.PersonBody("C", "c@example.com", "F-3")},
+		{"POST", "/users", apitest.Lines("Authorization", "Bearer", httpapi.KeyHeader, "k3"), apitest.PersonBody("C", "c@example.com", "F-3")},
+		{"POST", "/users", apitest.Lines("Authorization", "Bearer "+fuzzToken, "Authorization", "Bearer "+fuzzOtherToken, httpapi.KeyHeader, "k3"), apitest.PersonBody("C", "c@example.com", "F-3")},
 		{"POST", "/users", apitest.Lines("Authorization", "Bearer "+fuzzOtherToken, httpapi.KeyHeader, "k1"), ada},
 		{"GET", "/users/" + id.String(), "", ""},
 		// Bodies: malformed, wrong shapes, huge, invalid UTF-8, escapes.
@@ -70,22 +69,22 @@ func FuzzUsersAPI(f *testing.F) {
 		{"POST", "/users", withKey("b7"), `{"name":"A","name":"B","email":"a@b.co","document_number":"F-4"}`},
 		{"POST", "/users", withKey("b8"), `{"name":1,"email":true,"document_number":null}`},
 		{"POST", "/users", withKey("b9"), ada + ada},
-		{"POST", "/users", withKey("b10"), personBody(strings.Repeat("a", 17<<10), "a@b.co", "F-5")},
-		{"POST", "/users", withKey("b11"), personBody("\xff\xfe", "a@b.co", "F-6")},
-		{"POST", "/users", withKey("b12"), personBody(`A\u0000B`, "nul@example.com", "F-7")},
-		{"POST", "/users", withKey("b13"), personBody("Q", `\"q\u0000\"@example.com`, "F-8")},
-		{"POST", "/users", withKey("b14"), personBody("R", `\"r s\"@example.com`, "F-9")},
-		{"POST", "/users", withKey("b15"), personBody(`\ud800`, "s@example.com", "F-10")},
-		{"POST", "/users", withKey("b16"), personBody("  ", " ", "\t")},
+		{"POST", "/users", withKey("b10"), apitest.PersonBody(strings.Repeat("a", 17<<10), "a@b.co", "F-5")},
+		{"POST", "/users", withKey("b11"), apitest.PersonBody("\xff\xfe", "a@b.co", "F-6")},
+		{"POST", "/users", withKey("b12"), apitest.PersonBody(`A\u0000B`, "nul@example.com", "F-7")},
+		{"POST", "/users", withKey("b13"), apitest.PersonBody("Q", `\"q\u0000\"@example.com`, "F-8")},
+		{"POST", "/users", withKey("b14"), apitest.PersonBody("R", `\"r s\"@example.com`, "F-9")},
+		{"POST", "/users", withKey("b15"), apitest.PersonBody(`\ud800`, "s@example.com", "F-10")},
+		{"POST", "/users", withKey("b16"), apitest.PersonBody("  ", " ", "\t")},
 		// Header variants: media types and framing.
 		{"POST", "/users", authed + apitest.Lines("Content-Type", "text/plain", httpapi.KeyHeader, "h1"), ada},
-		{"POST", "/users", authed + apitest.Lines("Content-Type", "application/json; charset=utf-8", httpapi.KeyHeader, "h2"), personBody("D", "d@example.com", "F-11")},
-		{"POST", "/users", authed + apitest.Lines("Content-Type", "APPLICATION/JSON", httpapi.KeyHeader, "h3"), personBody("E", "e@example.com", "F-12")},
-		{"POST", "/users", authed + apitest.Lines(httpapi.KeyHeader, "h4"), personBody("F", "f@example.com", "F-13")},
+		{"POST", "/users", authed + apitest.Lines("Content-Type", "application/json; charset=utf-8", httpapi.KeyHeader, "h2"), apitest.PersonBody("D", "d@example.com", "F-11")},
+		{"POST", "/users", authed + apitest.Lines("Content-Type", "APPLICATION/JSON", httpapi.KeyHeader, "h3"), apitest.PersonBody("E", "e@example.com", "F-12")},
+		{"POST", "/users", authed + apitest.Lines(httpapi.KeyHeader, "h4"), apitest.PersonBody("F", "f@example.com", "F-13")},
 		{"POST", "/users", withKey("h5") + apitest.Lines("Transfer-Encoding", "chunked"), "5\r\n{\"nam\r\n0\r\n\r\n"},
 		{"POST", "/users", withKey("h6") + apitest.Lines("Transfer-Encoding", "chunked"), "zz\r\n"},
 		{"POST", "/users", withKey("h7") + apitest.Lines("Content-Length", "5"), ada},
-		{"POST", "/users", withKey("h8") + apitest.Lines("Expect", "100-continue"), personBody("G", "g@example.com", "F-14")},
+		{"POST", "/users", withKey("h8") + apitest.Lines("Expect", "100-continue"), apitest.PersonBody("G", "g@example.com", "F-14")},
 		{"POST", "/users", withKey("h9") + apitest.Lines("Content-Encoding", "gzip"), ada},
 		// Reads: ids in every spelling uuid.Parse accepts.
 		{"GET", "/users/" + id.String(), authed, ""},
@@ -109,9 +108,9 @@ func FuzzUsersAPI(f *testing.F) {
 		{"BREW", "/users", withKey("m4"), ada},
 		{"POST", "/users/", withKey("m5"), ada},
 		{"POST", "//users", withKey("m6"), ada},
-		{"POST", "/users/../users", withKey("m7"), personBody("H", "h@example.com", "F-15")},
+		{"POST", "/users/../users", withKey("m7"), apitest.PersonBody("H", "h@example.com", "F-15")},
 		{"POST", "/USERS", withKey("m8"), ada},
-		{"POST", "http://api.test/users", withKey("m9"), personBody("I", "i@example.com", "F-16")},
+		{"POST", "http://api.test/users", withKey("m9"), apitest.PersonBody("I", "i@example.com", "F-16")},
 		{"GET", "*", "", ""},
 		{"GET", "/" + strings.Repeat("a", 8<<10), "", ""},
 		{"GET", "/healthz", "", ""},
@@ -144,29 +143,10 @@ func FuzzUsersAPI(f *testing.F) {
 					"SELECT count(*) FROM users u JOIN inbox i ON i.resource_id = u.id WHERE u.id = $1", id),
 					"the user and its key's answer were written together")
 				return map[string]int{"users": 1, "inbox": 1}
-			case res.StatusCode == http.StatusConflict && problemType(t, res) == httpapi.TypeDocumentTaken:
+			case res.StatusCode == http.StatusConflict && apitest.ProblemType(t, res) == httpapi.TypeDocumentTaken:
 				return map[string]int{"inbox": 1} // the refusal, stored under the key
 			}
 			return nil
 		},
 	})
-}
-
-// personBody is a person's JSON body; it keeps invalid UTF-8 and escapes
-// as they are, where %q would rewrite them.
-func personBody(name, email, doc string) string {
-	return `{"name":"` + name + `","email":"` + email + `","document_number":"` + doc + `"}`
-}
-
-// problemType reads the type of a problem+json answer ("" for any other).
-func problemType(t *testing.T, res *http.Response) string {
-	t.Helper()
-	if res.Header.Get("Content-Type") != httpapi.ProblemContentType {
-		return ""
-	}
-	var p struct {
-		Type string `json:"type"`
-	}
-	require.NoError(t, json.NewDecoder(res.Body).Decode(&p))
-	return p.Type
 }
