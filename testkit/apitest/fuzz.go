@@ -21,8 +21,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-
-	"github.com/outboxref/outboxref/internal/httpapi"
 )
 
 // FuzzTarget is a service's whole HTTP stack on a real database, for
@@ -286,7 +284,9 @@ func PersonBody(name, email, doc string) string {
 // ProblemType reads the type of a problem+json answer ("" for any other).
 func ProblemType(t testing.TB, res *http.Response) string {
 	t.Helper()
-	if res.Header.Get("Content-Type") != httpapi.ProblemContentType {
+	// Spelled out: apitest may not import httpapi, which imports
+	// internal/database, whose tests use apitest.
+	if res.Header.Get("Content-Type") != "application/problem+json" {
 		return ""
 	}
 	var p struct {
