@@ -43,6 +43,10 @@ type Config struct {
 
 	// AdminMaxConns caps the admin port's open connections.
 	AdminMaxConns int // SENDER_ADMIN_MAX_CONNS
+
+	// DBMaxConns is the size of the pool on Student's database. The
+	// listener for notifications holds one more connection, outside it.
+	DBMaxConns int // SENDER_DB_MAX_CONNS
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
@@ -88,6 +92,11 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// 64 is plenty, and bounds what a runaway script can hold open on
 		// a process whose real work is delivery.
 		AdminMaxConns: e.Int("SENDER_ADMIN_MAX_CONNS", 64, 1, 1_000_000),
+
+		// The claimer and the completer hold one connection each at a
+		// time; the rest is for the purge, readiness, metrics and the admin
+		// routes, so an operator's queries never starve delivery.
+		DBMaxConns: e.Int("SENDER_DB_MAX_CONNS", 8, 2, 1000),
 	}
 	// A token Users could never accept is a mistake better caught at start
 	// than by every delivery's 401. The error never shows the token.

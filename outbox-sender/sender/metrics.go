@@ -20,6 +20,11 @@ type metrics struct {
 	// credentials: any increase is a misconfiguration to fix now, since
 	// every row fails alike until it is.
 	authFailures *prometheus.CounterVec
+	// claimSize and recordSize show whether batching batches: rows per
+	// claim query and answers per recording transaction. Under a backlog
+	// both should approach SENDER_BATCH_SIZE; idle, one or a few.
+	claimSize  prometheus.Histogram
+	recordSize prometheus.Histogram
 }
 
 func newMetrics() *metrics {
@@ -44,6 +49,16 @@ func newMetrics() *metrics {
 			Name: "outbox_sender_auth_failures_total",
 			Help: "Deliveries Users refused for the sender's credentials (401 or 403), by status: a misconfiguration, alert on any increase.",
 		}, []string{"status"}),
+		claimSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outbox_sender_claim_size_rows",
+			Help:    "Rows each claim query took, counting only claims that found work.",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
+		}),
+		recordSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outbox_sender_record_size_rows",
+			Help:    "Answers recorded by each recording transaction.",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
+		}),
 	}
 }
 
@@ -54,7 +69,8 @@ func (v verdict) String() string {
 // Collectors returns the sender's metrics and a collector of the outbox's
 // state in the database, for registering on a registry.
 func (s *Sender) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.metrics.claimed, s.metrics.results, s.metrics.dead, s.metrics.duration, s.metrics.authFailures, &outboxCollector{s: s}}
+	return []prometheus.Collector{s.metrics.claimed, s.metrics.results, s.metrics.dead, s.metrics.duration, s.metrics.authFailures,
+		s.metrics.claimSize, s.metrics.recordSize, &outboxCollector{s: s}}
 }
 
 var (

@@ -34,11 +34,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	return service.Binary{
 		Name: "outbox-sender", DatabaseURL: cfg.DatabaseURL, LogLevel: cfg.LogLevel, HealthAddr: cfg.AdminAddr,
 		DatabaseTimeout: cfg.DatabaseTimeout,
-		// The claimer and the completer hold one connection each at a time;
-		// the rest is for the purge, readiness, metrics and the admin
-		// routes, so an operator's queries never starve delivery.
-		MaxConns: 8,
-		Commands: map[string]service.Command{"dead": deadCommand(cliActor(), cfg.DatabaseTimeout)},
+		MaxConns:        int32(cfg.DBMaxConns), //nolint:gosec // at most 1000 (config.go)
+		Commands:        map[string]service.Command{"dead": deadCommand(cliActor(), cfg.DatabaseTimeout)},
 		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			log = log.With(slog.String("sender_id", cfg.ID))
 			s := New(log, pool, cfg)

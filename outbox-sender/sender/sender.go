@@ -12,6 +12,10 @@
 // answers in batches: one transaction links every student that got a user
 // and marks its row delivered. Capacity tokens bound the rows in flight, so
 // the sender never claims more than it can deliver within a lease.
+//
+// The claimer sleeps while nothing is due. A listener (wake.go) wakes it
+// when Student's database notifies that rows were committed; a poll every
+// SENDER_POLL_INTERVAL finds what no notification announces.
 package sender
 
 import (
@@ -112,7 +116,17 @@ func (s *Sender) Run(ctx context.Context) error {
 		s.complete(ctx, results, tokens)
 	}()
 
-	s.claim(ctx, tokens, jobs)
+	// Notifications from Student's database wake the claimer as soon as
+	// rows commit; the poll stays as the fallback.
+	wake := make(chan struct{}, 1)
+	listening := make(chan struct{})
+	go func() {
+		defer close(listening)
+		s.listen(ctx, wake)
+	}()
+
+	s.claim(ctx, tokens, jobs, wake)
+	<-listening
 	close(jobs)
 	workers.Wait()
 	close(results)
@@ -121,9 +135,19 @@ func (s *Sender) Run(ctx context.Context) error {
 	return nil
 }
 
-// claim fills jobs with due rows while capacity tokens are free.
-func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- outboxdb.ClaimDueRow) {
-	failures := 0 // consecutive failed claims
+// claimLinger is how long a busy claimer waits for a batch's worth of
+// free capacity before it claims with what it has. Under a backlog, slots
+// free one by one as deliveries finish; claiming at every free slot would
+// cost a claim query per row or two. A few milliseconds gather dozens.
+const claimLinger = 10 * time.Millisecond
+
+// claim fills jobs with due rows while capacity tokens are free. Idle, it
+// sleeps until a notification (then lingers claimLinger for more commits to
+// join) or the poll. Under a backlog it waits up to claimLinger for a
+// batch's worth of free capacity.
+func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- outboxdb.ClaimDueRow, wake <-chan struct{}) {
+	failures := 0    // consecutive failed claims
+	backlog := false // the last claim came back full: more rows are due
 	for {
 		// Wait for one free slot, then take as many more as are free, up to
 		// a batch: one claim query serves them all.
@@ -132,22 +156,28 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 			return
 		case <-tokens:
 		}
-		n := 1
-	more:
-		for n < s.cfg.BatchSize {
-			select {
-			case <-tokens:
-				n++
-			default:
-				break more
+		n := 1 + take(tokens, s.cfg.BatchSize-1)
+		if backlog && n < s.cfg.BatchSize {
+			linger := time.NewTimer(claimLinger)
+		gather:
+			for n < s.cfg.BatchSize {
+				select {
+				case <-tokens:
+					n++
+				case <-linger.C:
+					break gather
+				case <-ctx.Done():
+					break gather
+				}
 			}
+			linger.Stop()
 		}
 		crashpoint.Pause(crashpoint.SenderBeforeClaim)
 		// Not cancelled by shutdown: a claim cut short may still have
 		// committed, and rows claimed but never seen would sit out a lease.
 		cctx, cancel := database.WithDeadline(context.WithoutCancel(ctx), s.cfg.DatabaseTimeout)
 		rows, err := s.q.ClaimDue(cctx, s.pool, outboxdb.ClaimDueParams{
-			Lease: s.cfg.Lease, ClaimedBy: pgtype.Text{String: s.cfg.ID, Valid: true}, BatchSize: int32(n),
+			Lease: s.cfg.Lease, ClaimedBy: pgtype.Text{String: s.cfg.ID, Valid: true}, BatchSize: int32(n), //nolint:gosec // at most SENDER_BATCH_SIZE
 			MaxAge: s.cfg.MaxAge,
 		})
 		cancel()
@@ -168,22 +198,61 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 			}
 		}
 		s.metrics.claimed.Add(float64(len(rows)))
+		if len(rows) > 0 {
+			s.metrics.claimSize.Observe(float64(len(rows)))
+		}
 		for _, row := range rows {
 			jobs <- row
 		}
 		for range n - len(rows) {
 			tokens <- struct{}{}
 		}
+		backlog = err == nil && len(rows) == n
 		if len(rows) < n {
-			// Nothing more is due (or the database is unreachable): wait
-			// before asking again rather than spinning.
+			// Nothing more is due (or the database is unreachable): sleep
+			// until a notification says rows were committed, or until the
+			// poll, which finds what no notification announces (retries
+			// coming due, rows committed while the listener reconnected).
+			// A failing database is waited out by the backoff alone.
+			var woken <-chan struct{}
+			if err == nil {
+				woken = wake
+			}
+			poll := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+			case <-woken:
+				// Commits come in streams: a moment's wait lets the
+				// next few join this claim instead of each costing one.
+				// Their notifications coalesce meanwhile.
+				poll.Reset(claimLinger)
+				select {
+				case <-ctx.Done():
+				case <-poll.C:
+				}
+			case <-poll.C:
+			}
+			poll.Stop()
+			if ctx.Err() != nil {
 				return
-			case <-time.After(wait):
 			}
 		}
 	}
+}
+
+// take takes up to max tokens that are free right now, without waiting,
+// and returns how many it took.
+func take(tokens chan struct{}, max int) int {
+	n := 0
+	for n < max {
+		select {
+		case <-tokens:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
 }
 
 // deliver sends one row to Users and judges the answer.
@@ -365,29 +434,61 @@ func (s *Sender) backoff(attempt int) time.Duration {
 
 // complete records results in batches until results is closed. A batch is
 // whatever has arrived by the time the previous write finished, up to
-// SENDER_BATCH_SIZE, so a busy sender writes large batches and an idle one
-// writes at once.
+// SENDER_BATCH_SIZE, so an idle sender writes each answer at once. A busy
+// one, whose last batch held more than one answer, also waits up to
+// claimLinger for more: every recording transaction costs a commit, and
+// answers arriving by the hundred per second share one.
 func (s *Sender) complete(ctx context.Context, results <-chan result, tokens chan<- struct{}) {
 	batch := make([]result, 0, s.cfg.BatchSize)
+	busy := false
 	for r := range results {
-		batch = append(batch[:0], r)
-	fill:
-		for len(batch) < s.cfg.BatchSize {
-			select {
-			case r, ok := <-results:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, r)
-			default:
-				break fill
-			}
+		var linger time.Duration
+		if busy {
+			linger = claimLinger
 		}
+		batch = fill(append(batch[:0], r), results, s.cfg.BatchSize, linger)
+		busy = len(batch) > 1
+		s.metrics.recordSize.Observe(float64(len(batch)))
 		s.record(ctx, batch)
 		for range batch {
 			tokens <- struct{}{}
 		}
 	}
+}
+
+// fill adds results to batch until it holds max, results is closed, or
+// nothing more arrives within linger (0: only what has arrived already).
+func fill(batch []result, results <-chan result, max int, linger time.Duration) []result {
+	var timeout <-chan time.Time
+	if linger > 0 {
+		t := time.NewTimer(linger)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for len(batch) < max {
+		select {
+		case r, ok := <-results:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, r)
+			continue
+		default:
+		}
+		if timeout == nil {
+			return batch
+		}
+		select {
+		case r, ok := <-results:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, r)
+		case <-timeout:
+			return batch
+		}
+	}
+	return batch
 }
 
 // record writes a batch of results, retrying while Student's database is

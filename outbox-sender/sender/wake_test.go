@@ -1,0 +1,139 @@
+package sender
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+// sleepyConfig is testConfig with a poll so slow that only a notification
+// can explain a delivery within seconds.
+func sleepyConfig(usersURL string) Config {
+	cfg := testConfig(usersURL)
+	cfg.PollInterval = time.Hour
+	return cfg
+}
+
+// listenerPID is the backend of the sender's listening connection on
+// pool's database, or 0 while there is none.
+func listenerPID(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var pid int
+	err := pool.QueryRow(context.Background(), `
+		SELECT COALESCE(max(pid), 0) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'outbox-sender listener'`).Scan(&pid)
+	require.NoError(t, err)
+	return pid
+}
+
+// deliveredWithin fails the test unless every row is delivered within d:
+// a bound far below the hour-long poll of sleepyConfig.
+func deliveredWithin(t *testing.T, pool *pgxpool.Pool, want int, d time.Duration, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == want
+	}, d, 5*time.Millisecond, what)
+}
+
+func TestNotificationWakesTheSender(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	_, url := newFakeUsers(t, nil)
+	run(t, pool, sleepyConfig(url))
+	eventually(t, "the sender listens", func() bool { return listenerPID(t, pool) != 0 })
+
+	addStudents(t, pool, 1)
+	deliveredWithin(t, pool, 1, 3*time.Second, "a new row is delivered without waiting for the poll")
+	addStudents(t, pool, 3)
+	deliveredWithin(t, pool, 4, 3*time.Second, "and so is the next, once the sender slept again")
+}
+
+// TestListenerReconnects: a listening connection that breaks is replaced,
+// and rows committed meanwhile are not left to the poll.
+func TestListenerReconnects(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	_, url := newFakeUsers(t, nil)
+	run(t, pool, sleepyConfig(url))
+	eventually(t, "the sender listens", func() bool { return listenerPID(t, pool) != 0 })
+
+	first := listenerPID(t, pool)
+	_, err := pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", first)
+	require.NoError(t, err)
+	addStudents(t, pool, 2) // most likely while nobody listens
+	deliveredWithin(t, pool, 2, 5*time.Second, "rows committed around the break are delivered")
+	eventually(t, "a new listener", func() bool {
+		pid := listenerPID(t, pool)
+		return pid != 0 && pid != first
+	})
+	addStudents(t, pool, 1)
+	deliveredWithin(t, pool, 3, 3*time.Second, "the new listener is heard")
+}
+
+// TestRedriveWakesTheSender: a redriven row is due at once, and the
+// database says so.
+func TestRedriveWakesTheSender(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	_, url := newFakeUsers(t, nil)
+	addStudents(t, pool, 1)
+	_, err := pool.Exec(context.Background(), "UPDATE outbox SET state = 'dead', dead_at = now(), reason_class = 'invalid'")
+	require.NoError(t, err)
+	run(t, pool, sleepyConfig(url))
+	eventually(t, "the sender listens", func() bool { return listenerPID(t, pool) != 0 })
+
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&id))
+	_, err = NewOperator(asSender(t, pool), "test", 0).Redrive(context.Background(), id, ModeRetry, false)
+	require.NoError(t, err)
+	deliveredWithin(t, pool, 1, 3*time.Second, "the redriven row is delivered without waiting for the poll")
+}
+
+// TestClaimsGatherABatchUnderBacklog: with a backlog, the claimer waits
+// for a batch's worth of free capacity (or claimLinger) instead of
+// claiming at every slot a finished delivery frees, and the recorder
+// writes many answers per transaction.
+func TestClaimsGatherABatchUnderBacklog(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	_, url := newFakeUsers(t, func(http.ResponseWriter, *http.Request, string, int) bool {
+		// Deliveries of varying length finish one by one, as real ones do.
+		time.Sleep(time.Duration(rand.N(4000)) * time.Microsecond)
+		return false
+	})
+	const n = 1000
+	addStudents(t, pool, n)
+	cfg := testConfig(url)
+	cfg.BatchSize, cfg.Concurrency = 50, 8
+	r := run(t, pool, cfg)
+	eventually(t, "all delivered", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == n
+	})
+	claims, claimed := histogram(t, r.metrics.claimSize)
+	records, recorded := histogram(t, r.metrics.recordSize)
+	require.Equal(t, n, int(claimed))
+	require.Equal(t, n, int(recorded))
+	t.Logf("%d claims of %.1f rows on average, %d recording transactions of %.1f", claims, claimed/float64(claims), records, recorded/float64(records))
+	// Claiming at every free slot averages about 9 rows here, recording
+	// whatever has arrived about 8; lingering, both about 28.
+	require.GreaterOrEqual(t, claimed/float64(claims), 15.0, "rows per claim")
+	require.GreaterOrEqual(t, recorded/float64(records), 12.0, "answers per recording transaction")
+}
+
+// histogram returns how many observations h holds and their sum.
+func histogram(t *testing.T, h prometheus.Histogram) (count uint64, sum float64) {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, h.Write(&m))
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+}
