@@ -218,3 +218,39 @@ func TestWriteOutcome(t *testing.T) {
 	require.Equal(t, "true", w.Header().Get(ReplayedHeader))
 	require.Empty(t, w.Header().Get("Location"))
 }
+
+// TestClientGoneIsNotAnError: work cut short because the client hung up is
+// logged once, at info and marked, not as a server error to alert on; a
+// cancellation while the client is still there stays an error.
+func TestClientGoneIsNotAnError(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		hangUp    bool
+		wantLevel string
+	}{
+		{"client hung up", true, `"level":"INFO"`},
+		{"client still there", false, `"level":"ERROR"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var logs bytes.Buffer
+			r := NewRouter(slog.New(slog.NewJSONHandler(&logs, nil)), func(context.Context) error { return nil })
+			r.Post("/x", Handle(func(http.ResponseWriter, *http.Request) error {
+				return fmt.Errorf("begin transaction: %w", context.Canceled)
+			}))
+			ctx, cancel := context.WithCancel(context.Background())
+			if tc.hangUp {
+				cancel()
+			} else {
+				defer cancel()
+			}
+			r.ServeHTTP(httptest.NewRecorder(), httptest.NewRequestWithContext(ctx, http.MethodPost, "/x", nil))
+			lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+			require.Len(t, lines, 1, "%v", lines)
+			require.Contains(t, lines[0], tc.wantLevel)
+			require.Contains(t, lines[0], "begin transaction: context canceled")
+			require.Equal(t, tc.hangUp, strings.Contains(lines[0], `"client_gone":true`))
+		})
+	}
+}

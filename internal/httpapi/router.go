@@ -162,6 +162,14 @@ func LogRequests(log *slog.Logger) func(http.Handler) http.Handler {
 				if rl.err != nil {
 					attrs = append(attrs, slog.String("error", describe(rl.err)))
 				}
+				// A client that hung up cancels the request's context, and
+				// the work it cut short fails with it. That is the client's
+				// choice, not a server fault to alert on; the line still
+				// says what was cut short.
+				if errors.Is(rl.err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled) {
+					level = slog.LevelInfo
+					attrs = append(attrs, slog.Bool("client_gone", true))
+				}
 			}
 			log.LogAttrs(r.Context(), level, "http request", attrs...)
 		})
