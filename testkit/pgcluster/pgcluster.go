@@ -112,6 +112,10 @@ type Options struct {
 	// BinDir overrides FindBinDir, so a caller that already found the
 	// binaries starts exactly those.
 	BinDir string
+	// Durable runs the server as a deployment would: fsync, full-page
+	// writes and synchronous commits on. Tests leave it off for speed;
+	// a benchmark must not, or every commit would cost less than it does.
+	Durable bool
 }
 
 // Cluster is one running (or stopped) throwaway server. Its methods are safe
@@ -123,6 +127,7 @@ type Cluster struct {
 	logPath string
 	port    int
 	log     io.Writer
+	durable bool
 	env     []string
 	cred    *syscall.Credential // nil unless we must drop root
 
@@ -176,6 +181,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		logPath: filepath.Join(dir, "postgres.log"),
 		port:    opts.Port,
 		log:     opts.Log,
+		durable: opts.Durable,
 	}
 	if err := c.setup(ctx); err != nil {
 		c.abandon()
@@ -352,10 +358,11 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte,
 // connections. Callers hold c.mu.
 func (c *Cluster) startLocked(ctx context.Context) error {
 	// pg_ctl hands -o to /bin/sh, so the socket directory must be quoted.
-	serverOpts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s "+
-		"-c fsync=off -c synchronous_commit=off -c full_page_writes=off "+
-		"-c max_connections=300 -c shared_buffers=128MB",
+	serverOpts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=300 -c shared_buffers=128MB",
 		c.port, shellQuote(c.dir))
+	if !c.durable {
+		serverOpts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+	}
 	out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "-l", c.logPath, "-w", "-t", "60", "-o", serverOpts, "start")
 	if err != nil {
 		err = fmt.Errorf("pg_ctl start on port %d: %w%s%s", c.port, err, indent(out), c.logTail())
