@@ -162,19 +162,14 @@ func New(pool *pgxpool.Pool) *Inbox {
 // unique index does the waiting) and then replays its outcome; if the wait
 // exceeds LockTimeout the error is ErrKeyInProgress.
 func (ib *Inbox) Do(ctx context.Context, key Key, req Request, op Op) (out Outcome, replayed bool, err error) {
-	err = ib.tx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := ib.q.ClaimKey(ctx, tx, inboxdb.ClaimKeyParams{
-			Caller: key.Caller, IdempotencyKey: key.Value, RequestHash: req.Fingerprint(), Request: req.canonical(),
-		})
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
+	claim := &inboxdb.ClaimKeyParams{
+		Caller: key.Caller, IdempotencyKey: key.Value, RequestHash: req.Fingerprint(), Request: req.canonical(),
+	}
+	err = ib.tx(ctx, claim, func(ctx context.Context, tx pgx.Tx, claimed bool) error {
+		if !claimed {
 			out, err = ib.replay(ctx, tx, key, req)
 			replayed = err == nil
 			return err
-		case isLockTimeout(err):
-			return ErrKeyInProgress
-		case err != nil:
-			return fmt.Errorf("claim idempotency key: %w", err)
 		}
 		if out, err = op(ctx, tx); err != nil {
 			return err
@@ -196,35 +191,104 @@ func (ib *Inbox) Do(ctx context.Context, key Key, req Request, op Op) (out Outco
 // Once runs op in a transaction without a key: each call is a new
 // operation. Lock waits are bounded as in Do.
 func (ib *Inbox) Once(ctx context.Context, op Op) (out Outcome, err error) {
-	err = ib.tx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err = ib.tx(ctx, nil, func(ctx context.Context, tx pgx.Tx, _ bool) error {
 		out, err = op(ctx, tx)
 		return err
 	})
 	return out, err
 }
 
+// txFunc is the body of an inbox transaction; claimed says whether the
+// transaction holds its key (always false without one).
+type txFunc func(ctx context.Context, tx pgx.Tx, claimed bool) error
+
 // tx runs fn in a transaction that ends by Timeout, and whose lock waits
-// end after LockTimeout. A wait that times out anywhere but on the key
-// (another request inserting the same document number, say) is
+// end after LockTimeout. With a claim, the transaction first claims the
+// key (ClaimKey). A wait that times out anywhere but on the key (another
+// request inserting the same document number, say) is
 // ErrConflictInProgress: nothing is wrong with the request, it just could
 // not be decided in time. A database that is down or does not answer by the
 // deadline is database.ErrUnavailable.
-func (ib *Inbox) tx(ctx context.Context, fn func(context.Context, pgx.Tx) error) error {
+func (ib *Inbox) tx(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFunc) error {
 	// fn gets the bounded ctx, so the deadline covers every statement of the
 	// transaction, not only BEGIN and COMMIT.
 	ctx, cancel := database.WithDeadline(ctx, ib.Timeout)
 	defer cancel()
-	err := pgx.BeginFunc(ctx, ib.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
-			fmt.Sprintf("%dms", ib.LockTimeout.Milliseconds())); err != nil {
-			return fmt.Errorf("set lock timeout: %w", err)
-		}
-		return fn(ctx, tx)
-	})
+	err := ib.run(ctx, claim, fn)
 	if isLockTimeout(err) {
 		return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
 	}
 	return database.Classify(err)
+}
+
+// run begins the transaction, runs fn and commits, as pgx.BeginFunc does,
+// but begins it with begin's batch. Whatever happens, the transaction is
+// rolled back unless committed: that also hands the connection back to the
+// pool, which holds it for a transaction begun in a batch until then.
+func (ib *Inbox) run(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFunc) (err error) {
+	tx, claimed, err := ib.begin(ctx, claim)
+	defer func() {
+		rbErr := tx.Rollback(ctx)
+		if err == nil && rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
+			err = rbErr
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	if err := fn(ctx, tx, claimed); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// setLockTimeout bounds the transaction's lock waits, as SET LOCAL would.
+// The value is LockTimeout, from the binary's own configuration, and is
+// bound as a parameter, not written into the SQL.
+const setLockTimeout = "SELECT set_config('lock_timeout', $1, true)"
+
+// begin starts the transaction, sets its lock timeout and, given a claim,
+// claims the key, in one round trip: the three statements go out as one
+// pipelined batch (pgx.Batch.BeginTx) and their answers come back together.
+// It is safe because nothing about the protocol changes, only the waiting
+// between statements. PostgreSQL runs a pipeline's statements in order, in
+// the transaction BEGIN opened, and runs none after one that failed; so the
+// claim is still the transaction's first statement, bounded by the lock
+// timeout set just before it. A concurrent request for the same key still
+// waits on the key's primary key until this transaction ends (then replays
+// its answer, or claims the key if it rolled back), or gives up at its own
+// lock timeout. And the operation is still sent only afterwards, once the
+// batch's answer says the claim inserted the key (see Do).
+//
+// claimed is true when the claim inserted the key: the transaction holds it
+// until it ends. A claim that waited past the lock timeout for another
+// transaction holding the same key is ErrKeyInProgress. The returned tx must
+// be rolled back (or committed) even when err is not nil.
+func (ib *Inbox) begin(ctx context.Context, claim *inboxdb.ClaimKeyParams) (tx pgx.Tx, claimed bool, err error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(setLockTimeout, strconv.FormatInt(ib.LockTimeout.Milliseconds(), 10)+"ms")
+	if claim != nil {
+		// ClaimKey's text and its parameters in sqlc's order ($1…$4, as in
+		// ClaimKeyParams): sqlc's method would send it at once, alone.
+		b.Queue(inboxdb.ClaimKey, claim.Caller, claim.IdempotencyKey, claim.RequestHash, claim.Request).
+			Exec(func(tag pgconn.CommandTag) error {
+				claimed = tag.RowsAffected() == 1
+				return nil
+			})
+	}
+	br := ib.pool.SendBatch(ctx, b)
+	tx = br.Tx()
+	// Close reads the results in order, runs the claim's callback, and
+	// returns the first error.
+	switch err := br.Close(); {
+	case claim != nil && isLockTimeout(err):
+		// Only the claim waits for a lock here: another request holds the key.
+		return tx, false, ErrKeyInProgress
+	case err != nil:
+		return tx, false, fmt.Errorf("begin transaction: %w", err)
+	}
+	return tx, claimed, nil
 }
 
 func isLockTimeout(err error) bool {

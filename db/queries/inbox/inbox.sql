@@ -3,14 +3,15 @@
 -- inbox table. A key lives in its caller's scope: every statement names
 -- both. (Student's clients are all one anonymous caller, the empty name.)
 
--- name: ClaimKey :one
--- Inserting the key is the claim. A concurrent transaction inserting the same
--- key waits on the primary key until this one ends, then either finds the
--- committed row (and replays it) or, if this one rolled back, claims it.
+-- name: ClaimKey :execrows
+-- Inserting the key is the claim: one row inserted means this transaction
+-- holds the key, none that the key's answer is already stored. A concurrent
+-- transaction inserting the same key waits on the primary key until this one
+-- ends, then either finds the committed row (and replays it) or, if this one
+-- rolled back, claims it. internal/inbox sends it with BEGIN, in one batch.
 INSERT INTO inbox (caller, idempotency_key, request_hash, request)
 VALUES (@caller, @idempotency_key, @request_hash, @request)
-ON CONFLICT (caller, idempotency_key) DO NOTHING
-RETURNING idempotency_key;
+ON CONFLICT (caller, idempotency_key) DO NOTHING;
 
 -- name: GetKey :one
 SELECT idempotency_key, request_hash, request, status_code, response_body, resource_id, replays, created_at, caller

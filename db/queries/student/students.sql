@@ -1,14 +1,25 @@
--- name: InsertStudent :one
--- ON CONFLICT keeps the transaction usable when the document number is
--- taken: no row comes back and the handler answers 409.
-INSERT INTO students (id, name, email, document_number)
-VALUES (@id, @name, @email, @document_number)
-ON CONFLICT (document_number) DO NOTHING
-RETURNING id, name, email, document_number, user_id, created_at, updated_at;
-
--- name: InsertOutboxRow :exec
-INSERT INTO outbox (idempotency_key, operation, student_id, payload)
-VALUES (@idempotency_key, @operation, @student_id, @payload);
+-- name: InsertStudentWithOutbox :one
+-- The outbox half of the pattern, in one statement: the student and the
+-- create-user outbox row that asks Users for its user. Both inserts are in
+-- the caller's transaction, so both commit or neither does. ON CONFLICT
+-- keeps the transaction usable when the document number is taken: no
+-- student is inserted, so the outbox insert selects no row either, no row
+-- comes back and the handler answers 409. PostgreSQL runs a data-modifying
+-- WITH to completion whether or not the main query reads it, so the outbox
+-- row is written although only the student is returned (student_app may not
+-- read the outbox row back: its payload is the sender's).
+WITH student AS (
+    INSERT INTO students (id, name, email, document_number)
+    VALUES (@id, @name, @email, @document_number)
+    ON CONFLICT (document_number) DO NOTHING
+    RETURNING id, name, email, document_number, user_id, created_at, updated_at
+), outbox_row AS (
+    INSERT INTO outbox (idempotency_key, operation, student_id, payload)
+    SELECT @idempotency_key::uuid, @operation::text, student.id, @payload::jsonb
+    FROM student
+)
+SELECT id, name, email, document_number, user_id, created_at, updated_at
+FROM student;
 
 -- name: GetStudent :one
 -- reason_class, never last_error: the full error names hosts and addresses

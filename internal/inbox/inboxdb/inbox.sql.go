@@ -13,12 +13,11 @@ import (
 	"time"
 )
 
-const claimKey = `-- name: ClaimKey :one
+const ClaimKey = `-- name: ClaimKey :execrows
 
 INSERT INTO inbox (caller, idempotency_key, request_hash, request)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (caller, idempotency_key) DO NOTHING
-RETURNING idempotency_key
 `
 
 type ClaimKeyParams struct {
@@ -32,22 +31,25 @@ type ClaimKeyParams struct {
 // Users (the sender's keys on POST /users). Both databases have the same
 // inbox table. A key lives in its caller's scope: every statement names
 // both. (Student's clients are all one anonymous caller, the empty name.)
-// Inserting the key is the claim. A concurrent transaction inserting the same
-// key waits on the primary key until this one ends, then either finds the
-// committed row (and replays it) or, if this one rolled back, claims it.
-func (q *Queries) ClaimKey(ctx context.Context, db DBTX, arg ClaimKeyParams) (string, error) {
-	row := db.QueryRow(ctx, claimKey,
+// Inserting the key is the claim: one row inserted means this transaction
+// holds the key, none that the key's answer is already stored. A concurrent
+// transaction inserting the same key waits on the primary key until this one
+// ends, then either finds the committed row (and replays it) or, if this one
+// rolled back, claims it. internal/inbox sends it with BEGIN, in one batch.
+func (q *Queries) ClaimKey(ctx context.Context, db DBTX, arg ClaimKeyParams) (int64, error) {
+	result, err := db.Exec(ctx, ClaimKey,
 		arg.Caller,
 		arg.IdempotencyKey,
 		arg.RequestHash,
 		arg.Request,
 	)
-	var idempotency_key string
-	err := row.Scan(&idempotency_key)
-	return idempotency_key, err
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
-const countReplay = `-- name: CountReplay :exec
+const CountReplay = `-- name: CountReplay :exec
 UPDATE inbox SET replays = replays + 1 WHERE caller = $1 AND idempotency_key = $2
 `
 
@@ -57,11 +59,11 @@ type CountReplayParams struct {
 }
 
 func (q *Queries) CountReplay(ctx context.Context, db DBTX, arg CountReplayParams) error {
-	_, err := db.Exec(ctx, countReplay, arg.Caller, arg.IdempotencyKey)
+	_, err := db.Exec(ctx, CountReplay, arg.Caller, arg.IdempotencyKey)
 	return err
 }
 
-const getKey = `-- name: GetKey :one
+const GetKey = `-- name: GetKey :one
 SELECT idempotency_key, request_hash, request, status_code, response_body, resource_id, replays, created_at, caller
 FROM inbox
 WHERE caller = $1 AND idempotency_key = $2
@@ -73,7 +75,7 @@ type GetKeyParams struct {
 }
 
 func (q *Queries) GetKey(ctx context.Context, db DBTX, arg GetKeyParams) (Inbox, error) {
-	row := db.QueryRow(ctx, getKey, arg.Caller, arg.IdempotencyKey)
+	row := db.QueryRow(ctx, GetKey, arg.Caller, arg.IdempotencyKey)
 	var i Inbox
 	err := row.Scan(
 		&i.IdempotencyKey,
@@ -89,7 +91,7 @@ func (q *Queries) GetKey(ctx context.Context, db DBTX, arg GetKeyParams) (Inbox,
 	return i, err
 }
 
-const purgeOlderThan = `-- name: PurgeOlderThan :execrows
+const PurgeOlderThan = `-- name: PurgeOlderThan :execrows
 DELETE FROM inbox
 WHERE (caller, idempotency_key) IN (
     SELECT old.caller, old.idempotency_key FROM inbox old
@@ -108,14 +110,14 @@ type PurgeOlderThanParams struct {
 // locks or writes a huge transaction. Age is measured by the database's
 // clock, the one that wrote created_at.
 func (q *Queries) PurgeOlderThan(ctx context.Context, db DBTX, arg PurgeOlderThanParams) (int64, error) {
-	result, err := db.Exec(ctx, purgeOlderThan, arg.Retention, arg.BatchSize)
+	result, err := db.Exec(ctx, PurgeOlderThan, arg.Retention, arg.BatchSize)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const saveOutcome = `-- name: SaveOutcome :exec
+const SaveOutcome = `-- name: SaveOutcome :exec
 UPDATE inbox
 SET status_code = $1, response_body = $2, resource_id = $3
 WHERE caller = $4 AND idempotency_key = $5
@@ -130,7 +132,7 @@ type SaveOutcomeParams struct {
 }
 
 func (q *Queries) SaveOutcome(ctx context.Context, db DBTX, arg SaveOutcomeParams) error {
-	_, err := db.Exec(ctx, saveOutcome,
+	_, err := db.Exec(ctx, SaveOutcome,
 		arg.StatusCode,
 		arg.ResponseBody,
 		arg.ResourceID,

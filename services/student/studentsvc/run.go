@@ -23,6 +23,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		Name: "student", Migrations: migrations.Student, DatabaseURL: cfg.DatabaseURL,
 		MigrateDatabaseURL: cfg.MigrateDatabaseURL, Logins: cfg.Logins,
 		DatabaseTimeout: cfg.DatabaseTimeout, LogLevel: cfg.LogLevel, HealthAddr: cfg.HTTPAddr,
+		MaxConns: int32(cfg.DBMaxConns), //nolint:gosec // at most 1000 (config.go)
 		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			s := NewServer(log, pool, cfg)
 			purge := func(ctx context.Context) error {

@@ -35,6 +35,10 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	require.ErrorContains(t, err, "STUDENT_IDEMPOTENCY_WAIT=9s must be shorter than STUDENT_DATABASE_TIMEOUT=")
 	err = Run(context.Background(), nil, apitest.Env("STUDENT_DATABASE_TIMEOUT", "1s"), &bytes.Buffer{})
 	require.ErrorContains(t, err, "must be shorter than STUDENT_DATABASE_TIMEOUT=1s")
+
+	// The pool has room for at least one transaction.
+	err = Run(context.Background(), nil, apitest.Env("STUDENT_DB_MAX_CONNS", "0"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "STUDENT_DB_MAX_CONNS")
 }
 
 // TestRunMigratesThenServes starts from an empty database, as a first

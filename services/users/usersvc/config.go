@@ -33,6 +33,8 @@ type Config struct {
 
 	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
 	HTTPMaxConns int // USERS_HTTP_MAX_CONNS
+	// DBMaxConns is the size of the pool on Users' database.
+	DBMaxConns int // USERS_DB_MAX_CONNS
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
@@ -57,6 +59,10 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// As for Student. Each sender holds at most SENDER_CONCURRENCY (32)
 		// connections, so 1024 leaves room for many senders and clients.
 		HTTPMaxConns: e.Int("USERS_HTTP_MAX_CONNS", 1024, 1, 1_000_000),
+		// As for Student. Users' load is the sender's deliveries, up to
+		// SENDER_CONCURRENCY (32) at once: one connection for each, so that
+		// a sender's deliveries never queue for a connection.
+		DBMaxConns: e.Int("USERS_DB_MAX_CONNS", 32, 1, 1000),
 	}
 	// Tokens come inline or, for Docker and Kubernetes secrets, from a
 	// file; errors name callers, never tokens.

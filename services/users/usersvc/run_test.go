@@ -37,6 +37,10 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	require.ErrorContains(t, err, "USERS_IDEMPOTENCY_WAIT=5s must be shorter than USERS_DATABASE_TIMEOUT=")
 	err = Run(context.Background(), nil, apitest.Env("USERS_DATABASE_TIMEOUT", "1s"), &bytes.Buffer{})
 	require.ErrorContains(t, err, "must be shorter than USERS_DATABASE_TIMEOUT=1s")
+
+	// The pool has room for at least one transaction.
+	err = Run(context.Background(), nil, apitest.Env("USERS_DB_MAX_CONNS", "0"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "USERS_DB_MAX_CONNS")
 }
 
 // TestRunNeedsCallers: Users will not serve without callers (secure by

@@ -116,27 +116,24 @@ func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, 
 
 // insertStudent is the outbox half of the pattern: the student and the
 // outbox row that asks Users for its user are written in the caller's
-// transaction, so both commit or neither does. The row gets a fresh
-// idempotency key that stays with the operation for every delivery, and a
-// payload fixed now, so every delivery sends the same request.
+// transaction, in one statement, so both commit or neither does. The row
+// gets a fresh idempotency key that stays with the operation for every
+// delivery, and a payload fixed now, so every delivery sends the same
+// request.
 func (s *Store) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person) (Student, error) {
-	st, err := s.q.InsertStudent(ctx, tx, studentdb.InsertStudentParams{
-		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
-	})
-	if errors.Is(err, pgx.ErrNoRows) { // ON CONFLICT DO NOTHING returned no row
-		return Student{}, ErrDocumentTaken
-	}
-	if err != nil {
-		return Student{}, fmt.Errorf("insert student: %w", err)
-	}
 	payload, err := json.Marshal(p)
 	if err != nil {
 		return Student{}, fmt.Errorf("encode outbox payload: %w", err)
 	}
-	if err := s.q.InsertOutboxRow(ctx, tx, studentdb.InsertOutboxRowParams{
-		IdempotencyKey: uuid.New(), Operation: OperationCreateUser, StudentID: st.ID, Payload: payload,
-	}); err != nil {
-		return Student{}, fmt.Errorf("insert outbox row: %w", err)
+	st, err := s.q.InsertStudentWithOutbox(ctx, tx, studentdb.InsertStudentWithOutboxParams{
+		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
+		IdempotencyKey: uuid.New(), Operation: OperationCreateUser, Payload: payload,
+	})
+	if errors.Is(err, pgx.ErrNoRows) { // ON CONFLICT DO NOTHING: neither row was written
+		return Student{}, ErrDocumentTaken
+	}
+	if err != nil {
+		return Student{}, fmt.Errorf("insert student and outbox row: %w", err)
 	}
 	return Student{
 		ID: st.ID, Name: st.Name, Email: st.Email, DocumentNumber: st.DocumentNumber,

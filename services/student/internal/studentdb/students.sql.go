@@ -58,52 +58,61 @@ func (q *Queries) GetStudent(ctx context.Context, db DBTX, id uuid.UUID) (GetStu
 	return i, err
 }
 
-const insertOutboxRow = `-- name: InsertOutboxRow :exec
-INSERT INTO outbox (idempotency_key, operation, student_id, payload)
-VALUES ($1, $2, $3, $4)
+const insertStudentWithOutbox = `-- name: InsertStudentWithOutbox :one
+WITH student AS (
+    INSERT INTO students (id, name, email, document_number)
+    VALUES ($1, $2, $3, $4)
+    ON CONFLICT (document_number) DO NOTHING
+    RETURNING id, name, email, document_number, user_id, created_at, updated_at
+), outbox_row AS (
+    INSERT INTO outbox (idempotency_key, operation, student_id, payload)
+    SELECT $5::uuid, $6::text, student.id, $7::jsonb
+    FROM student
+)
+SELECT id, name, email, document_number, user_id, created_at, updated_at
+FROM student
 `
 
-type InsertOutboxRowParams struct {
-	IdempotencyKey uuid.UUID
-	Operation      string
-	StudentID      uuid.UUID
-	Payload        []byte
-}
-
-func (q *Queries) InsertOutboxRow(ctx context.Context, db DBTX, arg InsertOutboxRowParams) error {
-	_, err := db.Exec(ctx, insertOutboxRow,
-		arg.IdempotencyKey,
-		arg.Operation,
-		arg.StudentID,
-		arg.Payload,
-	)
-	return err
-}
-
-const insertStudent = `-- name: InsertStudent :one
-INSERT INTO students (id, name, email, document_number)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (document_number) DO NOTHING
-RETURNING id, name, email, document_number, user_id, created_at, updated_at
-`
-
-type InsertStudentParams struct {
+type InsertStudentWithOutboxParams struct {
 	ID             uuid.UUID
 	Name           string
 	Email          string
 	DocumentNumber string
+	IdempotencyKey uuid.UUID
+	Operation      string
+	Payload        []byte
 }
 
-// ON CONFLICT keeps the transaction usable when the document number is
-// taken: no row comes back and the handler answers 409.
-func (q *Queries) InsertStudent(ctx context.Context, db DBTX, arg InsertStudentParams) (Student, error) {
-	row := db.QueryRow(ctx, insertStudent,
+type InsertStudentWithOutboxRow struct {
+	ID             uuid.UUID
+	Name           string
+	Email          string
+	DocumentNumber string
+	UserID         uuid.NullUUID
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+// The outbox half of the pattern, in one statement: the student and the
+// create-user outbox row that asks Users for its user. Both inserts are in
+// the caller's transaction, so both commit or neither does. ON CONFLICT
+// keeps the transaction usable when the document number is taken: no
+// student is inserted, so the outbox insert selects no row either, no row
+// comes back and the handler answers 409. PostgreSQL runs a data-modifying
+// WITH to completion whether or not the main query reads it, so the outbox
+// row is written although only the student is returned (student_app may not
+// read the outbox row back: its payload is the sender's).
+func (q *Queries) InsertStudentWithOutbox(ctx context.Context, db DBTX, arg InsertStudentWithOutboxParams) (InsertStudentWithOutboxRow, error) {
+	row := db.QueryRow(ctx, insertStudentWithOutbox,
 		arg.ID,
 		arg.Name,
 		arg.Email,
 		arg.DocumentNumber,
+		arg.IdempotencyKey,
+		arg.Operation,
+		arg.Payload,
 	)
-	var i Student
+	var i InsertStudentWithOutboxRow
 	err := row.Scan(
 		&i.ID,
 		&i.Name,
