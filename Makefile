@@ -4,7 +4,7 @@ GO   ?= go
 SQLC := $(GO) tool -modfile=tools/go.mod sqlc
 LINT := $(GO) tool -modfile=tools/golangci-lint/go.mod golangci-lint
 
-.PHONY: help test e2e bench lint generate check-generated vet fmt-check build ci
+.PHONY: help test e2e bench soak lint generate check-generated vet fmt-check build ci
 
 ## help: list the commands
 help:
@@ -18,9 +18,13 @@ test:
 e2e:
 	$(GO) test -tags e2e -count=1 -timeout 20m -v ./e2e/
 
-## bench: sender throughput against its one-row-at-a-time baseline, on a throwaway cluster
+## bench: the real binaries with shipped defaults against the database-only bound: intake, burndown, latency, idle CPU (about 6 min)
 bench:
-	$(GO) run ./testkit/withpostgres -- $(GO) run ./testkit/bench
+	$(GO) run ./testkit/bench $(BENCH_FLAGS)
+
+## soak: 1,000,000 students through the whole system: memory flat, outbox and inbox bounded by retention (about 35 min)
+soak:
+	$(GO) run ./testkit/bench -soak $(SOAK_FLAGS)
 
 ## lint: golangci-lint with .golangci.yml, over the plain and the e2e build
 lint:

@@ -1,0 +1,437 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/person"
+)
+
+// The sender's and Users' shipped defaults that shape the delivery bound
+// (outbox-sender/sender/config.go, services/users/usersvc/config.go).
+const (
+	senderBatchSize   = 100              // SENDER_BATCH_SIZE
+	senderConcurrency = 32               // SENDER_CONCURRENCY
+	senderLease       = 30 * time.Second // SENDER_LEASE
+	senderMaxAge      = 72 * time.Hour   // SENDER_MAX_AGE
+	senderDBTimeout   = 3 * time.Second  // SENDER_DATABASE_TIMEOUT
+	senderHistoryKeep = 20               // historyKeep in sender.go
+	senderCaller      = "outbox-sender"  // the sender's caller name in Users
+	usersKeyWait      = 2 * time.Second  // USERS_IDEMPOTENCY_WAIT
+	usersTimeout      = 4 * time.Second  // USERS_DATABASE_TIMEOUT
+)
+
+// seed writes rows students, each with its create-user outbox row, as
+// Student writes them: a UUIDv7 id, the payload {name, email,
+// document_number}, a fresh idempotency key, due now. In chunks, so that a
+// large backlog is not one huge statement.
+func seed(ctx context.Context, pool *pgxpool.Pool, rows int) error {
+	const chunk = 5000
+	for from := 0; from < rows; from += chunk {
+		n := min(chunk, rows-from)
+		ids := make([]uuid.UUID, n)
+		names, emails, docs := make([]string, n), make([]string, n), make([]string, n)
+		for i := range n {
+			p := newStudent(int64(from + i + 1))
+			ids[i], names[i], emails[i], docs[i] = uuid.Must(uuid.NewV7()), p.Name, p.Email, p.DocumentNumber
+		}
+		if _, err := pool.Exec(ctx, `
+			WITH s AS (
+				INSERT INTO students (id, name, email, document_number)
+				SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[])
+				RETURNING id, name, email, document_number)
+			INSERT INTO outbox (idempotency_key, operation, student_id, payload)
+			SELECT gen_random_uuid(), 'create-user', id,
+			       jsonb_build_object('name', name, 'email', email, 'document_number', document_number)
+			FROM s`, ids, names, emails, docs); err != nil {
+			return fmt.Errorf("seed: %w", err)
+		}
+	}
+	return nil
+}
+
+// linkedCount is how many students have their user id.
+func linkedCount(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, "SELECT count(*) FROM students WHERE user_id IS NOT NULL").Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count linked: %w", err)
+	}
+	return n, nil
+}
+
+// waitLinked polls every 50ms until want students are linked, and returns
+// when that was seen. alive is checked on the way, so a crashed process
+// fails the wait at once rather than at the deadline.
+func waitLinked(ctx context.Context, pool *pgxpool.Pool, want int, deadline time.Duration, alive func() error) (time.Time, error) {
+	until := time.Now().Add(deadline)
+	for {
+		n, err := linkedCount(ctx, pool)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if n >= want {
+			return time.Now(), nil
+		}
+		if err := alive(); err != nil {
+			return time.Time{}, err
+		}
+		if time.Now().After(until) {
+			return time.Time{}, fmt.Errorf("only %d of %d students linked after %s", n, want, deadline)
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// verifyLinked checks the end state: every student linked, each to its own
+// user, and Users holding exactly one user per student.
+func verifyLinked(ctx context.Context, d *databases, want int) error {
+	var students, linked, distinct, users int
+	if err := d.studentAdmin.QueryRow(ctx,
+		"SELECT count(*), count(user_id), count(DISTINCT user_id) FROM students").Scan(&students, &linked, &distinct); err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	if err := d.usersAdmin.QueryRow(ctx, "SELECT count(*) FROM users").Scan(&users); err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	if students != want || linked != want || distinct != want || users != want {
+		return fmt.Errorf("verify: %d students, %d linked, %d distinct user ids, %d users; want %d of each",
+			students, linked, distinct, users, want)
+	}
+	return nil
+}
+
+// burndownReal seeds a backlog, starts Users and then the sender with
+// shipped defaults, and returns students linked per second from the
+// sender's start until the last student is linked.
+func (b *bench) burndownReal(ctx context.Context, rows int) (float64, error) {
+	d, err := b.freshDatabases(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer b.drop(d)
+	if err := seed(ctx, d.studentAdmin, rows); err != nil {
+		return 0, err
+	}
+	sys, err := b.start(ctx, d, which{users: true}, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer sys.stop()
+	// The clock starts as the sender is started: its start-up is part of
+	// burning the backlog down.
+	start := time.Now()
+	if err := sys.launch(ctx, senderBin); err != nil {
+		return 0, err
+	}
+	end, err := waitLinked(ctx, d.studentAdmin, rows, 10*time.Minute, sys.alive)
+	if err != nil {
+		return 0, err
+	}
+	if err := verifyLinked(ctx, d, rows); err != nil {
+		return 0, err
+	}
+	return float64(rows) / end.Sub(start).Seconds(), nil
+}
+
+// burndownBound does the sender's and Users' database work for the same
+// backlog with SQL only, as the default sender does it: one claimer taking
+// batches of SENDER_BATCH_SIZE with the sender's ClaimDue (as
+// outbox_sender); SENDER_CONCURRENCY workers each running Users'
+// create-user transaction for a row (internal/inbox's Do: the key's claim,
+// InsertUser, the stored answer; as users_app, on Users' database); and one
+// recorder writing the answers as the sender does (LinkStudents,
+// MarkDelivered, RecordEvents, TrimEvents in one transaction, a batch being
+// whatever arrived meanwhile, up to SENDER_BATCH_SIZE). Not in it: HTTP,
+// JSON over the wire, authentication, and the process boundaries; and
+// nothing waits for a poll, since every row is due from the start.
+func (b *bench) burndownBound(ctx context.Context, rows int) (float64, error) {
+	d, err := b.freshDatabases(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer b.drop(d)
+	if err := seed(ctx, d.studentAdmin, rows); err != nil {
+		return 0, err
+	}
+	// The claimer and the recorder hold a connection each, within the
+	// sender's default pool (SENDER_DB_MAX_CONNS, 8); the workers stand for
+	// SENDER_CONCURRENCY requests in Users, a connection each.
+	studentPool, err := b.rolePool(ctx, d.student, migrations.OutboxSender, 8, senderDBTimeout)
+	if err != nil {
+		return 0, err
+	}
+	defer studentPool.Close()
+	usersPool, err := b.rolePool(ctx, d.users, migrations.UsersApp, senderConcurrency, usersTimeout)
+	if err != nil {
+		return 0, err
+	}
+	defer usersPool.Close()
+
+	start := time.Now()
+	if err := b.deliverAll(ctx, studentPool, usersPool, rows); err != nil {
+		return 0, err
+	}
+	elapsed := time.Since(start)
+	if err := verifyLinked(ctx, d, rows); err != nil {
+		return 0, err
+	}
+	return float64(rows) / elapsed.Seconds(), nil
+}
+
+type claimed struct {
+	id             int64
+	attempts       int32
+	key, studentID uuid.UUID
+	payload        []byte
+}
+
+type answered struct {
+	claimed
+	userID uuid.UUID
+}
+
+// deliverAll runs the bound's three stages until rows rows are recorded.
+func (b *bench) deliverAll(ctx context.Context, studentPool, usersPool *pgxpool.Pool, rows int) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	jobs := make(chan claimed, senderBatchSize)
+	results := make(chan answered, senderConcurrency+senderBatchSize)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(jobs)
+		if err := b.claimAll(ctx, studentPool, jobs); err != nil {
+			cancel(err)
+		}
+	})
+	var workers sync.WaitGroup
+	ib := inbox.New(usersPool)
+	ib.LockTimeout, ib.Timeout = usersKeyWait, usersTimeout
+	for range senderConcurrency {
+		workers.Go(func() {
+			for row := range jobs {
+				userID, err := b.createUser(ctx, ib, row)
+				if err != nil {
+					cancel(err)
+					continue // drain, so the claimer never blocks
+				}
+				results <- answered{claimed: row, userID: userID}
+			}
+		})
+	}
+	wg.Go(func() {
+		workers.Wait()
+		close(results)
+	})
+	recorded := 0
+	batch := make([]answered, 0, senderBatchSize)
+	for r := range results {
+		batch = append(batch[:0], r)
+	fill:
+		for len(batch) < senderBatchSize {
+			select {
+			case r, ok := <-results:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		if ctx.Err() != nil {
+			continue // drain
+		}
+		if err := b.record(ctx, studentPool, batch); err != nil {
+			cancel(err)
+			continue
+		}
+		recorded += len(batch)
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	if recorded != rows {
+		return fmt.Errorf("bound: recorded %d of %d rows", recorded, rows)
+	}
+	return nil
+}
+
+// claimAll claims due rows in batches until none is left: every seeded row
+// is due at once, so an empty claim means all are claimed.
+func (b *bench) claimAll(ctx context.Context, pool *pgxpool.Pool, jobs chan<- claimed) error {
+	q := b.q["ClaimDue"]
+	args, err := q.args(map[string]any{
+		"lease": senderLease, "claimed_by": "bench-bound", "batch_size": int32(senderBatchSize), "max_age": senderMaxAge,
+	})
+	if err != nil {
+		return err
+	}
+	for {
+		cctx, cancel := database.WithDeadline(ctx, senderDBTimeout)
+		rows, err := pool.Query(cctx, q.sql, args...)
+		if err != nil {
+			cancel()
+			return fmt.Errorf("claim: %w", err)
+		}
+		var batch []claimed
+		for rows.Next() {
+			var (
+				c         claimed
+				operation string
+				lease     uuid.UUID
+				createdAt time.Time
+				expired   bool
+			)
+			if err := rows.Scan(&c.id, &c.key, &operation, &c.studentID, &c.payload, &c.attempts, &lease, &createdAt, &expired); err != nil {
+				rows.Close()
+				cancel()
+				return fmt.Errorf("claim: %w", err)
+			}
+			batch = append(batch, c)
+		}
+		rows.Close()
+		cancel()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("claim: %w", err)
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		for _, c := range batch {
+			select {
+			case jobs <- c:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+}
+
+// createUser is Users' transaction for one delivery: the payload decoded
+// as Users decodes the body, then the key's claim, the user and the stored
+// answer in one transaction.
+func (b *bench) createUser(ctx context.Context, ib *inbox.Inbox, row claimed) (uuid.UUID, error) {
+	var p person.Person
+	if err := json.Unmarshal(row.payload, &p); err != nil {
+		return uuid.Nil, fmt.Errorf("bound: payload: %w", err)
+	}
+	q := b.q["InsertUser"]
+	out, _, err := ib.Do(ctx, inbox.Key{Caller: senderCaller, Value: row.key.String()}, p.Fields(),
+		func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
+			args, err := q.args(map[string]any{
+				"id": uuid.Must(uuid.NewV7()), "name": p.Name, "email": p.Email, "document_number": p.DocumentNumber,
+			})
+			if err != nil {
+				return inbox.Outcome{}, err
+			}
+			var (
+				id               uuid.UUID
+				name, email, doc string
+				enabled          bool
+				created          time.Time
+			)
+			if err := tx.QueryRow(ctx, q.sql, args...).Scan(&id, &name, &email, &doc, &enabled, &created); err != nil {
+				return inbox.Outcome{}, fmt.Errorf("insert user: %w", err)
+			}
+			// Users stores its 201 body under the key.
+			body, err := json.Marshal(struct {
+				UserID uuid.UUID `json:"userId"`
+				Status string    `json:"status"`
+			}{id, "created"})
+			if err != nil {
+				return inbox.Outcome{}, fmt.Errorf("answer: %w", err)
+			}
+			return inbox.Outcome{Status: 201, Body: body, ResourceID: id}, nil
+		})
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("bound: create user: %w", err)
+	}
+	return out.ResourceID, nil
+}
+
+// record writes one batch of answers as the sender's write() does for
+// deliveries: in one transaction bounded by SENDER_DATABASE_TIMEOUT, link
+// the students, mark their rows delivered, add an attempt event per row and
+// trim each row's history.
+func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered) error {
+	var (
+		studentIDs, userIDs, keys []uuid.UUID
+		outboxIDs                 []int64
+		attempts                  []int32
+		outcomes, classes, errs   []string
+		byStudent                 = map[uuid.UUID]int64{}
+	)
+	for _, r := range batch {
+		studentIDs = append(studentIDs, r.studentID)
+		userIDs = append(userIDs, r.userID)
+		byStudent[r.studentID] = r.id
+		outboxIDs = append(outboxIDs, r.id)
+		attempts = append(attempts, r.attempts)
+		outcomes = append(outcomes, "delivered")
+		classes = append(classes, "")
+		errs = append(errs, "")
+		keys = append(keys, r.key)
+	}
+	link, mark, events, trim := b.q["LinkStudents"], b.q["MarkDelivered"], b.q["RecordEvents"], b.q["TrimEvents"]
+	ctx, cancel := database.WithDeadline(ctx, senderDBTimeout)
+	defer cancel()
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		args, err := link.args(map[string]any{"student_ids": studentIDs, "user_ids": userIDs})
+		if err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, link.sql, args...)
+		if err != nil {
+			return fmt.Errorf("link students: %w", err)
+		}
+		linked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return fmt.Errorf("link students: %w", err)
+		}
+		ids := make([]int64, 0, len(linked))
+		for _, s := range linked {
+			ids = append(ids, byStudent[s])
+		}
+		if len(ids) != len(batch) {
+			return fmt.Errorf("link students: %d of %d linked", len(ids), len(batch))
+		}
+		if args, err = mark.args(map[string]any{"ids": ids}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, mark.sql, args...); err != nil {
+			return fmt.Errorf("mark delivered: %w", err)
+		}
+		if args, err = events.args(map[string]any{
+			"actor": "bench-bound", "outbox_ids": outboxIDs, "attempts": attempts, "outcomes": outcomes,
+			"reason_classes": classes, "errors": errs, "idempotency_keys": keys,
+		}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, events.sql, args...); err != nil {
+			return fmt.Errorf("record history: %w", err)
+		}
+		if args, err = trim.args(map[string]any{"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep)}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, trim.sql, args...); err != nil {
+			return fmt.Errorf("trim history: %w", err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The three binaries, by the name `go build` gives them.
+const (
+	studentBin = "student"
+	usersBin   = "users"
+	senderBin  = "outbox-sender"
+)
+
+// buildBinaries builds the three binaries into dir, plainly (no tags), as
+// `make build` does.
+func buildBinaries(ctx context.Context, root, dir string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator),
+		"./services/student", "./services/users", "./outbox-sender")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build binaries: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// proc is one binary running as a child process, in its own process group,
+// with its output in a log file.
+type proc struct {
+	name    string // the binary's name
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the process has exited
+}
+
+// startProc starts bin with exactly env (and PATH): nothing from the
+// caller's environment leaks in, so a LOG_LEVEL or a tuning variable in the
+// developer's shell cannot change what is measured.
+func startProc(bin, logPath string, env []string, args ...string) (*proc, error) {
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", filepath.Base(bin), err)
+	}
+	// exec.Command, not CommandContext: the bench stops what it started
+	// itself, gracefully first (stop), whatever happened to its context.
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", filepath.Base(bin), err)
+	}
+	p := &proc{name: filepath.Base(bin), logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// alive is an error naming the log when the process has exited.
+func (p *proc) alive() error {
+	if p.exited() {
+		return fmt.Errorf("%s exited (%s); see %s", p.name, p.cmd.ProcessState, p.logPath)
+	}
+	return nil
+}
+
+// stop asks the process to shut down (SIGTERM), as a deployment would,
+// and kills its group if it has not exited within 10s. It always waits.
+func (p *proc) stop() {
+	if p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// waitReady polls url (a /readyz) until it answers 200.
+func (p *proc) waitReady(ctx context.Context, url string) error {
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
+		if err != nil {
+			return fmt.Errorf("ready %s: %w", p.name, err)
+		}
+		if resp, err := client.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if err := p.alive(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready at %s after 30s; see %s", p.name, url, p.logPath)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+// procs tracks every child the bench has running, so that an error or a
+// Ctrl-C anywhere still stops them all.
+type procs struct {
+	mu  sync.Mutex
+	set map[*proc]bool
+	// peak is the highest VmHWM (kB) seen per binary, over all its runs.
+	peak map[string]int64
+}
+
+func (ps *procs) add(p *proc) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.set[p] = true
+}
+
+// stop reads p's peak RSS, then stops it.
+func (ps *procs) stop(p *proc) {
+	if hwm, err := procStatusKB(p.pid(), "VmHWM"); err == nil {
+		ps.mu.Lock()
+		ps.peak[p.name] = max(ps.peak[p.name], hwm)
+		ps.mu.Unlock()
+	}
+	p.stop()
+	ps.mu.Lock()
+	delete(ps.set, p)
+	ps.mu.Unlock()
+}
+
+func (ps *procs) stopAll() {
+	ps.mu.Lock()
+	all := make([]*proc, 0, len(ps.set))
+	for p := range ps.set {
+		all = append(all, p)
+	}
+	ps.mu.Unlock()
+	for _, p := range all {
+		ps.stop(p)
+	}
+}
+
+func (ps *procs) peakKB(name string) int64 {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.peak[name]
+}
+
+// freePort returns a port on 127.0.0.1 that was free a moment ago.
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat:
+// 100 on every Linux architecture Go runs on (Go has no sysconf without cgo).
+const clockTicks = 100
+
+// cpuTime is the CPU time the process has used, user and system.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("cpu time: %w", err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces;
+	// the fields after its closing parenthesis start with field 3.
+	_, rest, ok := bytes.Cut(b, []byte(") "))
+	if !ok {
+		return 0, fmt.Errorf("cpu time: odd /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("cpu time: odd /proc/%d/stat", pid)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
+	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("cpu time: %w", err)
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+}
+
+// procStatusKB reads a "Vm…: N kB" line of /proc/PID/status.
+func procStatusKB(pid int, field string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", field, err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %w", field, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: not in /proc/%d/status", field, pid)
+}

@@ -1,0 +1,347 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+// bench is what every measurement shares: the server, the built binaries,
+// the statements, and the children and databases to clean up.
+type bench struct {
+	out    io.Writer
+	server *url.URL // a superuser on the server measured on
+	// durability says what kind of server that is, for the report.
+	durability string
+	dir        string // binaries and logs
+	q          queries
+	procs      *procs
+
+	mu  sync.Mutex
+	seq int             // numbers databases and log files
+	dbs map[string]bool // databases created and not yet dropped
+}
+
+// The sender's bearer token, as Users lists it (USERS_API_TOKENS).
+const senderToken = "bench-sender-token-0123456789"
+
+func (b *bench) next() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.seq++
+	return b.seq
+}
+
+func (b *bench) printf(format string, args ...any) {
+	fmt.Fprintf(b.out, format, args...)
+}
+
+// dbURL is the server's URL for database name, logged in as role with
+// password ("" for none: a process reads its password from a variable).
+// role "" keeps the administrator.
+func (b *bench) dbURL(name, role, password string) string {
+	u := *b.server
+	u.Path = "/" + name
+	switch {
+	case role != "" && password != "":
+		u.User = url.UserPassword(role, password)
+	case role != "":
+		u.User = url.User(role)
+	}
+	return u.String()
+}
+
+// databases is a fresh pair, Student's and Users', migrated by the binaries.
+type databases struct {
+	student, users string // database names
+	// As the administrator: for seeding, counting and checking.
+	studentAdmin, usersAdmin *pgxpool.Pool
+}
+
+// freshDatabases creates Student's and Users' databases and has the real
+// binaries migrate them ("student migrate", "users migrate"), as a
+// deployment does.
+func (b *bench) freshDatabases(ctx context.Context) (*databases, error) {
+	n := b.next()
+	d := &databases{student: fmt.Sprintf("bench_student_%d", n), users: fmt.Sprintf("bench_users_%d", n)}
+	for _, name := range []string{d.student, d.users} {
+		if err := b.createDatabase(ctx, name); err != nil {
+			return nil, err
+		}
+	}
+	if err := b.migrate(ctx, studentBin, d.student, n); err != nil {
+		return nil, err
+	}
+	if err := b.migrate(ctx, usersBin, d.users, n); err != nil {
+		return nil, err
+	}
+	var err error
+	if d.studentAdmin, err = pgxpool.New(ctx, b.dbURL(d.student, "", "")); err != nil {
+		return nil, fmt.Errorf("connect %s: %w", d.student, err)
+	}
+	if d.usersAdmin, err = pgxpool.New(ctx, b.dbURL(d.users, "", "")); err != nil {
+		d.studentAdmin.Close()
+		return nil, fmt.Errorf("connect %s: %w", d.users, err)
+	}
+	return d, nil
+}
+
+// createDatabase makes an empty database with durable commits, as
+// pgcluster.CreateDatabase does: the throwaway cluster runs with
+// synchronous_commit=off for the tests' speed, and a commit that does not
+// wait for its WAL would flatter every figure here.
+func (b *bench) createDatabase(ctx context.Context, name string) error {
+	conn, err := pgx.Connect(ctx, b.server.String())
+	if err != nil {
+		return fmt.Errorf("create database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	ident := pgx.Identifier{name}.Sanitize()
+	b.mu.Lock()
+	b.dbs[name] = true
+	b.mu.Unlock()
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+ident+" SET synchronous_commit = on"); err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}
+
+// migrate runs "BIN migrate" on database name as the administrator, giving
+// the runtime roles the tests' passwords: roles belong to the whole server,
+// which `make test` may share.
+func (b *bench) migrate(ctx context.Context, bin, name string, n int) error {
+	var env []string
+	switch bin {
+	case studentBin:
+		env = []string{
+			"STUDENT_MIGRATE_DATABASE_URL=" + b.dbURL(name, "", ""),
+			"STUDENT_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.StudentApp],
+			"SENDER_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.OutboxSender],
+		}
+	case usersBin:
+		env = []string{
+			"USERS_MIGRATE_DATABASE_URL=" + b.dbURL(name, "", ""),
+			"USERS_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.UsersApp],
+		}
+	}
+	logPath := filepath.Join(b.dir, fmt.Sprintf("%s-migrate-%d.log", bin, n))
+	p, err := startProc(filepath.Join(b.dir, bin), logPath, append(env, "LOG_LEVEL=warn"), "migrate")
+	if err != nil {
+		return err
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		p.stop()
+		return ctx.Err()
+	}
+	if !p.cmd.ProcessState.Success() {
+		return fmt.Errorf("%s migrate failed (%s); see %s", bin, p.cmd.ProcessState, logPath)
+	}
+	return nil
+}
+
+// drop closes the pools and drops both databases.
+func (b *bench) drop(d *databases) {
+	d.studentAdmin.Close()
+	d.usersAdmin.Close()
+	b.dropDatabases(d.student, d.users)
+}
+
+func (b *bench) dropDatabases(names ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, b.server.String())
+	if err != nil {
+		b.printf("warning: drop databases %v: %v\n", names, err)
+		return
+	}
+	defer conn.Close(ctx)
+	for _, name := range names {
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			b.printf("warning: drop database %s: %v\n", name, err)
+			continue
+		}
+		b.mu.Lock()
+		delete(b.dbs, name)
+		b.mu.Unlock()
+	}
+}
+
+func (b *bench) dropAll() {
+	b.mu.Lock()
+	var names []string
+	for name := range b.dbs {
+		names = append(names, name)
+	}
+	b.mu.Unlock()
+	if len(names) > 0 {
+		b.dropDatabases(names...)
+	}
+}
+
+// system is the binaries running on one pair of databases.
+type system struct {
+	b     *bench
+	d     *databases
+	n     int                 // numbers the log files
+	extra map[string][]string // more variables, by binary (the soak's retentions)
+
+	student, users, sender          *proc
+	studentAddr, usersAddr, admAddr string // listen addresses, 127.0.0.1:port
+}
+
+// which of the binaries to start.
+type which struct{ student, users, sender bool }
+
+// start starts the chosen binaries on d (see system.launch), Users before
+// the sender, so that the sender never meets a Users that is not there yet.
+func (b *bench) start(ctx context.Context, d *databases, w which, extra map[string][]string) (*system, error) {
+	s, err := b.newSystem(d, extra)
+	if err != nil {
+		return nil, err
+	}
+	for _, step := range []struct {
+		want bool
+		bin  string
+	}{{w.users, usersBin}, {w.student, studentBin}, {w.sender, senderBin}} {
+		if !step.want {
+			continue
+		}
+		if err := s.launch(ctx, step.bin); err != nil {
+			s.stop()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// newSystem picks the listen addresses; nothing runs yet.
+func (b *bench) newSystem(d *databases, extra map[string][]string) (*system, error) {
+	s := &system{b: b, d: d, n: b.next(), extra: extra}
+	for _, addr := range []*string{&s.studentAddr, &s.usersAddr, &s.admAddr} {
+		a, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		*addr = a
+	}
+	return s, nil
+}
+
+func (s *system) studentURL() string { return "http://" + s.studentAddr }
+
+// launch starts one binary with shipped defaults and waits until it is
+// ready: only what a deployment must set (its listen address, its database
+// login, the tokens, where Users is) and LOG_LEVEL=warn, plus s.extra.
+// Nothing tunes batches, polls or pools.
+func (s *system) launch(ctx context.Context, bin string) error {
+	b, d := s.b, s.d
+	var (
+		env   []string
+		ready string
+		slot  **proc
+	)
+	switch bin {
+	case usersBin:
+		slot, ready = &s.users, "http://"+s.usersAddr+"/readyz"
+		env = []string{
+			"USERS_HTTP_ADDR=" + s.usersAddr,
+			"USERS_DATABASE_URL=" + b.dbURL(d.users, migrations.UsersApp, ""),
+			"USERS_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.UsersApp],
+			"USERS_API_TOKENS=" + senderCaller + ":" + senderToken,
+		}
+	case studentBin:
+		slot, ready = &s.student, s.studentURL()+"/readyz"
+		env = []string{
+			"STUDENT_HTTP_ADDR=" + s.studentAddr,
+			"STUDENT_DATABASE_URL=" + b.dbURL(d.student, migrations.StudentApp, ""),
+			"STUDENT_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.StudentApp],
+		}
+	case senderBin:
+		slot, ready = &s.sender, "http://"+s.admAddr+"/readyz"
+		env = []string{
+			"SENDER_ADMIN_ADDR=" + s.admAddr,
+			"SENDER_DATABASE_URL=" + b.dbURL(d.student, migrations.OutboxSender, ""),
+			"SENDER_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.OutboxSender],
+			"SENDER_USERS_URL=http://" + s.usersAddr,
+			"SENDER_USERS_TOKEN=" + senderToken,
+		}
+	default:
+		return fmt.Errorf("launch: no binary %q", bin)
+	}
+	logPath := filepath.Join(b.dir, fmt.Sprintf("%s-%d.log", bin, s.n))
+	env = append(append(env, "LOG_LEVEL=warn"), s.extra[bin]...)
+	p, err := startProc(filepath.Join(b.dir, bin), logPath, env)
+	if err != nil {
+		return err
+	}
+	b.procs.add(p)
+	*slot = p
+	return p.waitReady(ctx, ready)
+}
+
+func (s *system) running() []*proc {
+	var out []*proc
+	for _, p := range []*proc{s.student, s.users, s.sender} {
+		if p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// alive fails when any of the system's processes has exited.
+func (s *system) alive() error {
+	for _, p := range s.running() {
+		if err := p.alive(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stop stops the sender first, then Student and Users, recording each one's
+// peak RSS.
+func (s *system) stop() {
+	for _, p := range []*proc{s.sender, s.student, s.users} {
+		if p != nil {
+			s.b.procs.stop(p)
+		}
+	}
+}
+
+// rolePool opens a pool on database name as a runtime role, configured as
+// the binaries configure theirs (internal/database: the same server-side
+// limits and dialer), with size connections: the bound's clients.
+func (b *bench) rolePool(ctx context.Context, name, role string, size int32, statementTimeout time.Duration) (*pgxpool.Pool, error) {
+	cfg, err := database.Config(b.dbURL(name, role, pgtest.Passwords[role]), database.Limits{MaxConns: size, StatementTimeout: statementTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("pool as %s: %w", role, err)
+	}
+	// Opened up front (in the background), as a warm service's pool is.
+	cfg.MinConns = size
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pool as %s: %w", role, err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("pool as %s: %w", role, err)
+	}
+	return pool, nil
+}
