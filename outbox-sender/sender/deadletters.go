@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/internal/outboxwake"
 	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
 )
 
@@ -322,7 +323,15 @@ func (o *Operator) redrive(ctx context.Context, ids []int64, mode string, force 
 		}
 		return trimHistory(ctx, o.q, tx, ev.OutboxIds)
 	})
-	return done, database.Classify(err)
+	if err != nil {
+		return done, database.Classify(err)
+	}
+	if len(done) > 0 {
+		// The rows are due now: wake the senders rather than leave them to
+		// the poll. A failure here delays them by a poll at most.
+		_ = outboxwake.Notify(ctx, o.pool)
+	}
+	return done, nil
 }
 
 func text(t pgtype.Text) *string {

@@ -8,15 +8,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/internal/outboxwake"
 )
 
-// NotifyChannel is the channel Student's database notifies when outbox
-// rows become due now: on insert, and on a redrive (the migration
-// db/migrations/student/00005_outbox_notify.sql).
-const NotifyChannel = "outbox_due"
-
 // listen keeps a connection to Student's database listening on
-// NotifyChannel and turns every notification into a wake-up of the
+// outboxwake.Channel (Student notifies it once new rows are committed, a
+// redrive once dead rows are due again) and turns every notification into a wake-up of the
 // claimer, until ctx ends. It holds a connection of its own, outside the
 // pool: a listening connection is busy for as long as it listens.
 //
@@ -60,7 +57,7 @@ func (s *Sender) listenOnce(ctx context.Context, wake chan<- struct{}, failures 
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(cctx, "LISTEN "+NotifyChannel); err != nil {
+	if _, err := conn.Exec(cctx, "LISTEN "+outboxwake.Channel); err != nil {
 		return err
 	}
 	if *failures > 0 {

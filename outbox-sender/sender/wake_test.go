@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/outboxwake"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
@@ -36,6 +37,12 @@ func listenerPID(t *testing.T, pool *pgxpool.Pool) int {
 	return pid
 }
 
+// notify wakes the senders as Student does once rows are committed.
+func notify(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	require.NoError(t, outboxwake.Notify(context.Background(), pool))
+}
+
 // deliveredWithin fails the test unless every row is delivered within d:
 // a bound far below the hour-long poll of sleepyConfig.
 func deliveredWithin(t *testing.T, pool *pgxpool.Pool, want int, d time.Duration, what string) {
@@ -53,8 +60,10 @@ func TestNotificationWakesTheSender(t *testing.T) {
 	eventually(t, "the sender listens", func() bool { return listenerPID(t, pool) != 0 })
 
 	addStudents(t, pool, 1)
+	notify(t, pool)
 	deliveredWithin(t, pool, 1, 3*time.Second, "a new row is delivered without waiting for the poll")
 	addStudents(t, pool, 3)
+	notify(t, pool)
 	deliveredWithin(t, pool, 4, 3*time.Second, "and so is the next, once the sender slept again")
 }
 
@@ -70,13 +79,15 @@ func TestListenerReconnects(t *testing.T) {
 	first := listenerPID(t, pool)
 	_, err := pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", first)
 	require.NoError(t, err)
-	addStudents(t, pool, 2) // most likely while nobody listens
+	addStudents(t, pool, 2) // most likely while nobody listens,
+	notify(t, pool)         // so this is lost: the reconnection covers for it
 	deliveredWithin(t, pool, 2, 5*time.Second, "rows committed around the break are delivered")
 	eventually(t, "a new listener", func() bool {
 		pid := listenerPID(t, pool)
 		return pid != 0 && pid != first
 	})
 	addStudents(t, pool, 1)
+	notify(t, pool)
 	deliveredWithin(t, pool, 3, 3*time.Second, "the new listener is heard")
 }
 

@@ -12,8 +12,8 @@ import (
 	"github.com/outboxref/outboxref/services/student/internal/store"
 )
 
-// Run runs Student until ctx ends: the API, and the loop that purges expired
-// client keys. args may be "migrate" or "healthcheck" (see service.Binary).
+// Run runs Student until ctx ends: the API, the loop that purges expired
+// client keys, and the one that wakes the outbox sender for new rows. args may be "migrate" or "healthcheck" (see service.Binary).
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, _, err := LoadConfig(getenv)
 	if err != nil {
@@ -30,9 +30,14 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				s.store.Inbox.PurgeLoop(ctx, log, cfg.InboxRetention, cfg.PurgeInterval)
 				return nil
 			}
+			wake := func(ctx context.Context) error {
+				s.store.Wake.Run(ctx, log)
+				return nil
+			}
 			return []service.Part{
 				service.Server(log, "STUDENT_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
 				{Name: "inbox purge", Run: purge},
+				{Name: "outbox wake-up", Run: wake},
 			}
 		},
 	}.Run(ctx, args, stdout)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/outboxwake"
 	"github.com/outboxref/outboxref/internal/person"
 	"github.com/outboxref/outboxref/services/student/internal/studentdb"
 )
@@ -72,6 +73,9 @@ type Store struct {
 	// Inbox remembers the answers to clients' idempotency keys; its purge
 	// loop runs beside the server.
 	Inbox *inbox.Inbox
+	// Wake tells the outbox sender, after each commit that wrote an
+	// outbox row, that the row is due; its loop runs beside the server.
+	Wake *outboxwake.Notifier
 }
 
 // New returns a Store on pool's database. keyWait bounds how long a request
@@ -81,7 +85,7 @@ func New(pool *pgxpool.Pool, keyWait, timeout time.Duration) *Store {
 	ib := inbox.New(pool)
 	ib.LockTimeout = keyWait
 	ib.Timeout = timeout
-	return &Store{pool: pool, timeout: timeout, q: studentdb.New(), Inbox: ib}
+	return &Store{pool: pool, timeout: timeout, q: studentdb.New(), Inbox: ib, Wake: outboxwake.NewNotifier(pool, timeout)}
 }
 
 // Ping checks that the database answers.
@@ -95,23 +99,30 @@ type AnswerFunc func(Student, error) (inbox.Outcome, error)
 // CreateStudent writes the student and its create-user outbox row in one
 // transaction. With a client key (non-empty) it runs at most once per key,
 // and a repeat gets the stored answer with replayed set; without one, each
-// call is a new operation.
+// call is a new operation. Once a new row is committed, the sender is woken
+// for it.
 func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
+	wrote := false // set by the transaction that wrote the outbox row
 	op := func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
 		st, err := s.insertStudent(ctx, tx, p)
 		if err != nil && !errors.Is(err, ErrDocumentTaken) {
 			return inbox.Outcome{}, err
 		}
+		wrote = err == nil
 		return answer(st, err)
 	}
 	if key == "" {
 		out, err = s.Inbox.Once(ctx, op)
-		return out, false, err
+	} else {
+		// Student authenticates no one: every client is the anonymous
+		// caller, and all of them share one key space, as public clients of
+		// an idempotent API do.
+		out, replayed, err = s.Inbox.Do(ctx, inbox.Key{Caller: inbox.Anonymous, Value: key}, p.Fields(), op)
 	}
-	// Student authenticates no one: every client is the anonymous caller,
-	// and all of them share one key space, as public clients of an
-	// idempotent API do.
-	return s.Inbox.Do(ctx, inbox.Key{Caller: inbox.Anonymous, Value: key}, p.Fields(), op)
+	if err == nil && wrote {
+		s.Wake.Kick()
+	}
+	return out, replayed, err
 }
 
 // insertStudent is the outbox half of the pattern: the student and the

@@ -1,0 +1,64 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/outboxwake"
+	"github.com/outboxref/outboxref/internal/person"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+// TestNewRowsWakeTheSender: a committed student wakes the sender; a
+// refusal and a replay wrote no outbox row and do not.
+func TestNewRowsWakeTheSender(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t, migrations.Student)
+	s := New(pgtest.ConnectAs(t, url, migrations.StudentApp), time.Second, 5*time.Second)
+	apitest.Start(t, func(ctx context.Context) error {
+		s.Wake.Run(ctx, slog.New(slog.DiscardHandler))
+		return nil
+	})
+
+	listener, err := pgx.Connect(ctx, pgtest.RoleURL(t, url, migrations.OutboxSender))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = listener.Close(context.Background()) })
+	_, err = listener.Exec(ctx, "LISTEN "+outboxwake.Channel)
+	require.NoError(t, err)
+	notified := func() bool {
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		_, err := listener.WaitForNotification(wctx)
+		return err == nil
+	}
+
+	answer := func(st Student, err error) (inbox.Outcome, error) {
+		if errors.Is(err, ErrDocumentTaken) {
+			return inbox.Outcome{Status: http.StatusConflict, Body: []byte(`{}`)}, nil
+		}
+		return inbox.Outcome{Status: http.StatusCreated, Body: []byte(`{}`), ResourceID: st.ID}, err
+	}
+	create := func(key, doc string) {
+		t.Helper()
+		_, _, err := s.CreateStudent(ctx, key, person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: doc}, answer)
+		require.NoError(t, err)
+	}
+
+	create("k1", "111-1")
+	require.True(t, notified(), "a new student wakes the sender")
+	create("k1", "111-1")
+	require.False(t, notified(), "a replay wrote nothing")
+	create("", "111-1")
+	require.False(t, notified(), "a taken document number wrote nothing")
+}
