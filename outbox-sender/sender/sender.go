@@ -141,8 +141,14 @@ func (s *Sender) Run(ctx context.Context) error {
 // cost a claim query per row or two. A few milliseconds gather dozens.
 const claimLinger = 10 * time.Millisecond
 
+// wakeLinger is how long the claimer waits after a notification before it
+// claims, so that the commits right behind the first share its claim. It
+// adds to every row's latency, so it is short: 10ms put p50 at 200
+// students/s at 23 ms, 2ms at 11 ms (make bench).
+const wakeLinger = 2 * time.Millisecond
+
 // claim fills jobs with due rows while capacity tokens are free. Idle, it
-// sleeps until a notification (then lingers claimLinger for more commits to
+// sleeps until a notification (then lingers wakeLinger for more commits to
 // join) or the poll. Under a backlog it waits up to claimLinger for a
 // batch's worth of free capacity.
 func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- outboxdb.ClaimDueRow, wake <-chan struct{}) {
@@ -225,7 +231,7 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 				// Commits come in streams: a moment's wait lets the
 				// next few join this claim instead of each costing one.
 				// Their notifications coalesce meanwhile.
-				poll.Reset(claimLinger)
+				poll.Reset(wakeLinger)
 				select {
 				case <-ctx.Done():
 				case <-poll.C:
