@@ -140,7 +140,8 @@ func noteCaller(r *http.Request, caller string) {
 }
 
 // LogRequests logs one line per request when it ends: at debug level, or
-// at error level with the cause for a 5xx. It is the only place a failed
+// at error level with the cause for a 5xx (at info, marked client_gone,
+// when the 5xx is the client's own hang-up). It is the only place a failed
 // request is logged.
 func LogRequests(log *slog.Logger) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {

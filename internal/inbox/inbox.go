@@ -286,7 +286,7 @@ func (ib *Inbox) begin(ctx context.Context, claim *inboxdb.ClaimKeyParams) (tx p
 		// Only the claim waits for a lock here: another request holds the key.
 		return tx, false, ErrKeyInProgress
 	case err != nil:
-		return tx, false, fmt.Errorf("begin transaction: %w", err)
+		return tx, false, fmt.Errorf("begin and claim key: %w", err)
 	}
 	return tx, claimed, nil
 }

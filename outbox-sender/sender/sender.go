@@ -141,6 +141,10 @@ func (s *Sender) Run(ctx context.Context) error {
 // cost a claim query per row or two. A few milliseconds gather dozens.
 const claimLinger = 10 * time.Millisecond
 
+// recordLinger is how long a busy recorder waits for more answers to
+// share its transaction.
+const recordLinger = 10 * time.Millisecond
+
 // wakeLinger is how long the claimer waits after a notification before it
 // claims, so that the commits right behind the first share its claim. It
 // adds to every row's latency, so it is short: 10ms put p50 at 200
@@ -177,6 +181,12 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 				}
 			}
 			linger.Stop()
+			if ctx.Err() != nil {
+				for range n {
+					tokens <- struct{}{}
+				}
+				return
+			}
 		}
 		crashpoint.Pause(crashpoint.SenderBeforeClaim)
 		// Not cancelled by shutdown: a claim cut short may still have
@@ -246,11 +256,11 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 	}
 }
 
-// take takes up to max tokens that are free right now, without waiting,
+// take takes up to limit tokens that are free right now, without waiting,
 // and returns how many it took.
-func take(tokens chan struct{}, max int) int {
+func take(tokens chan struct{}, limit int) int {
 	n := 0
-	for n < max {
+	for n < limit {
 		select {
 		case <-tokens:
 			n++
@@ -442,7 +452,7 @@ func (s *Sender) backoff(attempt int) time.Duration {
 // whatever has arrived by the time the previous write finished, up to
 // SENDER_BATCH_SIZE, so an idle sender writes each answer at once. A busy
 // one, whose last batch held more than one answer, also waits up to
-// claimLinger for more: every recording transaction costs a commit, and
+// recordLinger for more: every recording transaction costs a commit, and
 // answers arriving by the hundred per second share one.
 func (s *Sender) complete(ctx context.Context, results <-chan result, tokens chan<- struct{}) {
 	batch := make([]result, 0, s.cfg.BatchSize)
@@ -450,7 +460,7 @@ func (s *Sender) complete(ctx context.Context, results <-chan result, tokens cha
 	for r := range results {
 		var linger time.Duration
 		if busy {
-			linger = claimLinger
+			linger = recordLinger
 		}
 		batch = fill(append(batch[:0], r), results, s.cfg.BatchSize, linger)
 		busy = len(batch) > 1
@@ -462,16 +472,17 @@ func (s *Sender) complete(ctx context.Context, results <-chan result, tokens cha
 	}
 }
 
-// fill adds results to batch until it holds max, results is closed, or
-// nothing more arrives within linger (0: only what has arrived already).
-func fill(batch []result, results <-chan result, max int, linger time.Duration) []result {
+// fill adds results to batch until it holds limit, results is closed, or
+// linger has passed since fill began (linger 0: only what has arrived
+// already).
+func fill(batch []result, results <-chan result, limit int, linger time.Duration) []result {
 	var timeout <-chan time.Time
 	if linger > 0 {
 		t := time.NewTimer(linger)
 		defer t.Stop()
 		timeout = t.C
 	}
-	for len(batch) < max {
+	for len(batch) < limit {
 		select {
 		case r, ok := <-results:
 			if !ok {

@@ -13,9 +13,10 @@ import (
 
 // listen keeps a connection to Student's database listening on
 // outboxwake.Channel (Student notifies it once new rows are committed, a
-// redrive once dead rows are due again) and turns every notification into a wake-up of the
-// claimer, until ctx ends. It holds a connection of its own, outside the
-// pool: a listening connection is busy for as long as it listens.
+// redrive once dead rows are due again) and turns every notification into
+// a wake-up of the claimer, until ctx ends. It holds a connection of its
+// own, outside the pool: a listening connection is busy for as long as it
+// listens.
 //
 // Wake-ups coalesce: wake holds at most one, so a thousand commits in a
 // burst cost the claimer one claim, not a thousand. When the connection
@@ -69,7 +70,9 @@ func (s *Sender) listenOnce(ctx context.Context, wake chan<- struct{}, failures 
 	wakeUp(wake)
 	for {
 		// A silent, broken connection ends here too: the dialer's TCP
-		// keepalives (internal/database) declare it dead within seconds.
+		// keepalives (internal/database) declare it dead within about 20s.
+		// A relay that answers keepalives itself can hide a dead server
+		// for longer; the poll covers for the listener meanwhile.
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return err
 		}

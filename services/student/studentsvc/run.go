@@ -13,7 +13,8 @@ import (
 )
 
 // Run runs Student until ctx ends: the API, the loop that purges expired
-// client keys, and the one that wakes the outbox sender for new rows. args may be "migrate" or "healthcheck" (see service.Binary).
+// client keys, and the one that wakes the outbox sender for new rows. args
+// may be "migrate" or "healthcheck" (see service.Binary).
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, _, err := LoadConfig(getenv)
 	if err != nil {
