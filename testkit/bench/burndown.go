@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -20,15 +21,16 @@ import (
 // The sender's and Users' shipped defaults that shape the delivery bound
 // (outbox-sender/sender/config.go, services/users/usersvc/config.go).
 const (
-	senderBatchSize   = 100              // SENDER_BATCH_SIZE
-	senderConcurrency = 32               // SENDER_CONCURRENCY
-	senderLease       = 30 * time.Second // SENDER_LEASE
-	senderMaxAge      = 72 * time.Hour   // SENDER_MAX_AGE
-	senderDBTimeout   = 3 * time.Second  // SENDER_DATABASE_TIMEOUT
-	senderHistoryKeep = 20               // historyKeep in sender.go
-	senderCaller      = "outbox-sender"  // the sender's caller name in Users
-	usersKeyWait      = 2 * time.Second  // USERS_IDEMPOTENCY_WAIT
-	usersTimeout      = 4 * time.Second  // USERS_DATABASE_TIMEOUT
+	senderBatchSize    = 100                   // SENDER_BATCH_SIZE
+	senderConcurrency  = 32                    // SENDER_CONCURRENCY
+	senderLease        = 30 * time.Second      // SENDER_LEASE
+	senderMaxAge       = 72 * time.Hour        // SENDER_MAX_AGE
+	senderDBTimeout    = 3 * time.Second       // SENDER_DATABASE_TIMEOUT
+	senderHistoryKeep  = 20                    // historyKeep in sender.go
+	senderRecordLinger = 10 * time.Millisecond // recordLinger in sender.go
+	senderCaller       = "outbox-sender"       // the sender's caller name in Users
+	usersKeyWait       = 2 * time.Second       // USERS_IDEMPOTENCY_WAIT
+	usersTimeout       = 4 * time.Second       // USERS_DATABASE_TIMEOUT
 )
 
 // seed writes rows students, each with its create-user outbox row, as
@@ -98,19 +100,30 @@ func waitLinked(ctx context.Context, pool *pgxpool.Pool, want int, deadline time
 }
 
 // verifyLinked checks the end state: every student linked, each to its own
-// user, and Users holding exactly one user per student.
+// user, and Users holding exactly one user per student. "Its own" is
+// checked pair by pair: each student's (user id, document number) must be
+// a user's (id, document number) in Users, compared as one digest of all
+// pairs on each side, so that swapped or invented links fail too.
 func verifyLinked(ctx context.Context, d *databases, want int) error {
 	var students, linked, distinct, users int
-	if err := d.studentAdmin.QueryRow(ctx,
-		"SELECT count(*), count(user_id), count(DISTINCT user_id) FROM students").Scan(&students, &linked, &distinct); err != nil {
+	var studentPairs, userPairs string
+	if err := d.studentAdmin.QueryRow(ctx, `
+		SELECT count(*), count(user_id), count(DISTINCT user_id),
+		       COALESCE(md5(string_agg(user_id::text || ':' || document_number, ',' ORDER BY user_id, document_number)), '')
+		FROM students`).Scan(&students, &linked, &distinct, &studentPairs); err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
-	if err := d.usersAdmin.QueryRow(ctx, "SELECT count(*) FROM users").Scan(&users); err != nil {
+	if err := d.usersAdmin.QueryRow(ctx, `
+		SELECT count(*), COALESCE(md5(string_agg(id::text || ':' || document_number, ',' ORDER BY id, document_number)), '')
+		FROM users`).Scan(&users, &userPairs); err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
 	if students != want || linked != want || distinct != want || users != want {
 		return fmt.Errorf("verify: %d students, %d linked, %d distinct user ids, %d users; want %d of each",
 			students, linked, distinct, users, want)
+	}
+	if studentPairs != userPairs {
+		return errors.New("verify: the students' (user id, document number) pairs differ from Users' (id, document number): some student is linked to another student's user")
 	}
 	return nil
 }
@@ -156,7 +169,8 @@ func (b *bench) burndownReal(ctx context.Context, rows int) (float64, error) {
 // InsertUser, the stored answer; as users_app, on Users' database); and one
 // recorder writing the answers as the sender does (LinkStudents,
 // MarkDelivered, RecordEvents, TrimEvents in one transaction, a batch being
-// whatever arrived meanwhile, up to SENDER_BATCH_SIZE). Not in it: HTTP,
+// whatever arrived meanwhile and, while busy, within recordLinger, up to
+// SENDER_BATCH_SIZE). Its claims always take a whole batch. Not in it: HTTP,
 // JSON over the wire, authentication, and the process boundaries; and
 // nothing waits for a poll, since every row is due from the start.
 func (b *bench) burndownBound(ctx context.Context, rows int) (float64, error) {
@@ -239,8 +253,15 @@ func (b *bench) deliverAll(ctx context.Context, studentPool, usersPool *pgxpool.
 	})
 	recorded := 0
 	batch := make([]answered, 0, senderBatchSize)
+	busy := false
 	for r := range results {
+		// As the sender's recorder: what has arrived, and while busy up to
+		// recordLinger more (outbox-sender/sender/sender.go, complete).
 		batch = append(batch[:0], r)
+		var linger <-chan time.Time
+		if busy {
+			linger = time.After(senderRecordLinger)
+		}
 	fill:
 		for len(batch) < senderBatchSize {
 			select {
@@ -249,10 +270,23 @@ func (b *bench) deliverAll(ctx context.Context, studentPool, usersPool *pgxpool.
 					break fill
 				}
 				batch = append(batch, r)
+				continue
 			default:
+			}
+			if linger == nil {
+				break
+			}
+			select {
+			case r, ok := <-results:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+			case <-linger:
 				break fill
 			}
 		}
+		busy = len(batch) > 1
 		if ctx.Err() != nil {
 			continue // drain
 		}

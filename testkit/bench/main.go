@@ -36,6 +36,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -104,8 +106,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	}
 	switch {
 	case o.rounds < 1, o.clients < 1 || o.clients > 1024, o.rows < 1, o.students < 1, o.rate <= 0,
-		o.duration <= 0, o.latencyDuration <= 0, o.idleWindow <= 0, o.sample <= 0:
-		return errors.New("flags out of range: rounds, rows, students and rate at least 1, clients 1 to 1024, durations positive")
+		o.duration <= 0, o.latencyDuration <= 0, o.idleWindow <= 0, o.sample <= 0,
+		o.warmup < 0, o.latencyWarmup < 0, o.idleSettle < 0, o.soakWarmup < 0:
+		return errors.New("flags out of range: rounds, rows, students and rate at least 1, clients 1 to 1024, " +
+			"measuring durations positive, warm-ups and settling not negative")
 	}
 
 	// A throwaway server of its own, durable as a deployment is: the test
@@ -119,6 +123,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		}
 		defer func() { _ = cluster.Cleanup(context.WithoutCancel(ctx)) }()
 		server, durability = cluster.URL(), "a throwaway cluster with fsync, full-page writes and synchronous commits on"
+		// Latency ends when the link commits, which only the commit's
+		// own timestamp tells; the setting takes a restart.
+		if err := setAndRestart(ctx, cluster, "ALTER SYSTEM SET track_commit_timestamp = on"); err != nil {
+			return err
+		}
+	}
+	commitTimes, err := tracksCommitTimes(ctx, server)
+	if err != nil {
+		return err
 	}
 	serverURL, err := url.Parse(server)
 	if err != nil {
@@ -137,7 +150,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		return err
 	}
 	b := &bench{
-		out: out, server: serverURL, durability: durability, dir: dir, q: q,
+		out: out, server: serverURL, durability: durability, commitTimes: commitTimes, dir: dir, q: q,
 		procs: &procs{set: map[*proc]bool{}, peak: map[string]int64{}},
 		dbs:   map[string]bool{},
 	}
@@ -275,9 +288,9 @@ func (b *bench) report(o options, f figures) {
 		fmt.Fprintf(w, "peak RSS, %s\t%.1f MB\t\t\t\t\n", name, float64(b.procs.peakKB(name))/1024)
 	}
 	w.Flush()
-	b.printf("latency: from the client's scheduled send of POST /students to the outbox row's delivered_at\n")
-	b.printf("(the recording transaction's start), over students sent after the warm-up; peak RSS is VmHWM, the\n")
-	b.printf("highest over every run of the binary. PostgreSQL: %s.\n\n", b.durability)
+	b.printf("latency: from the client's scheduled send of POST /students to %s,\n", b.linkedAt())
+	b.printf("over students sent after the warm-up; peak RSS is VmHWM, the highest over every run of the binary.\n")
+	b.printf("PostgreSQL: %s.\n\n", b.durability)
 
 	fmt.Fprintf(b.out, "intake_ratio %.2f\n", intakeRatio)
 	fmt.Fprintf(b.out, "burndown_ratio %.2f\n", burndownRatio)
@@ -316,3 +329,36 @@ func medianDuration[T any](xs []T, f func(T) time.Duration) time.Duration {
 func msFloat(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", msFloat(d)) }
+
+// setAndRestart runs an ALTER SYSTEM statement on cluster and restarts it
+// for the setting to take effect.
+func setAndRestart(ctx context.Context, cluster *pgcluster.Cluster, statement string) error {
+	conn, err := pgx.Connect(ctx, cluster.URL())
+	if err != nil {
+		return fmt.Errorf("configure PostgreSQL: %w", err)
+	}
+	_, err = conn.Exec(ctx, statement)
+	_ = conn.Close(ctx)
+	if err != nil {
+		return fmt.Errorf("configure PostgreSQL: %w", err)
+	}
+	if err := cluster.Restart(ctx); err != nil {
+		return fmt.Errorf("configure PostgreSQL: %w", err)
+	}
+	return nil
+}
+
+// tracksCommitTimes says whether the server records when each transaction
+// committed (track_commit_timestamp).
+func tracksCommitTimes(ctx context.Context, server string) (bool, error) {
+	conn, err := pgx.Connect(ctx, server)
+	if err != nil {
+		return false, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	var on string
+	if err := conn.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&on); err != nil {
+		return false, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return on == "on", nil
+}

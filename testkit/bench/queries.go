@@ -19,7 +19,8 @@ import (
 
 // neededQueries are the statements the bound runs, each with the parameters
 // it binds, in the order sqlc numbers them. The inbox's own statements are
-// run by internal/inbox itself (see bound.go), not loaded here.
+// run by internal/inbox itself (intakeBound, burndownBound), not loaded
+// here.
 var neededQueries = map[string][]string{
 	"InsertStudentWithOutbox": {"id", "name", "email", "document_number", "idempotency_key", "operation", "payload"},
 	"InsertUser":              {"id", "name", "email", "document_number"},

@@ -73,6 +73,10 @@ func (b *bench) soak(ctx context.Context, o options) error {
 	)
 	start := time.Now()
 	sample := func() error {
+		// A process that died ends the soak now, not at the final wait.
+		if err := sys.alive(); err != nil {
+			return err
+		}
 		s := soakSample{at: time.Since(start).Round(time.Second), rssKB: map[string]int64{}}
 		for _, p := range sys.running() {
 			kb, err := procStatusKB(p.pid(), "VmRSS")
@@ -97,7 +101,11 @@ func (b *bench) soak(ctx context.Context, o options) error {
 			float64(s.rssKB[studentBin])/1024, float64(s.rssKB[usersBin])/1024, float64(s.rssKB[senderBin])/1024)
 		return nil
 	}
-	samplerCtx, stopSampler := context.WithCancel(ctx)
+	// A failed sample stops the whole soak: the load and the wait run
+	// under runCtx.
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
+	samplerCtx, stopSampler := context.WithCancel(runCtx)
 	samplerDone := make(chan error, 1)
 	go func() {
 		t := time.NewTicker(o.sample)
@@ -109,6 +117,7 @@ func (b *bench) soak(ctx context.Context, o options) error {
 				return
 			case <-t.C:
 				if err := sample(); err != nil {
+					stopRun(err)
 					samplerDone <- err
 					return
 				}
@@ -120,13 +129,13 @@ func (b *bench) soak(ctx context.Context, o options) error {
 	defer client.CloseIdleConnections()
 	// A backlog of a few seconds' requests means the rate is not sustained.
 	maxInFlight := int64(math.Max(256, 5*o.rate))
-	err = openLoop(ctx, client, sys.studentURL(), o.rate, int64(o.students), maxInFlight, func(int64, time.Time, uuid.UUID) {})
+	err = openLoop(runCtx, client, sys.studentURL(), o.rate, int64(o.students), maxInFlight, func(int64, time.Time, uuid.UUID) {})
 	if err == nil {
-		_, err = waitLinked(ctx, d.studentAdmin, o.students, 30*time.Minute, sys.alive)
+		_, err = waitLinked(runCtx, d.studentAdmin, o.students, 30*time.Minute, sys.alive)
 	}
 	stopSampler()
-	if serr := <-samplerDone; err == nil {
-		err = serr
+	if serr := <-samplerDone; serr != nil {
+		err = serr // the cause; the load saw only a cancellation
 	}
 	if err != nil {
 		return errors.Join(fmt.Errorf("soak: %w", err), sys.alive())
@@ -190,8 +199,9 @@ func (b *bench) soakReport(o options, samples []soakSample, elapsed time.Duratio
 	}
 	b.printf("\n")
 	fmt.Fprintf(b.out, "soak_students %d\n", o.students)
-	fmt.Fprintf(b.out, "soak_lost 0\n")
-	fmt.Fprintf(b.out, "soak_duplicated 0\n")
+	// From the last sample, taken after every student was linked.
+	fmt.Fprintf(b.out, "soak_lost %d\n", int64(o.students)-end.linked)
+	fmt.Fprintf(b.out, "soak_duplicated %d\n", end.users-end.linked)
 	fmt.Fprintf(b.out, "soak_rss_growth_pct_max %.0f\n", growthMax)
 	fmt.Fprintf(b.out, "soak_outbox_rows_max %d\n", maxOutbox)
 	fmt.Fprintf(b.out, "soak_inbox_rows_max %d\n", maxInbox)
