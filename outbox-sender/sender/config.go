@@ -93,8 +93,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// a process whose real work is delivery.
 		AdminMaxConns: e.Int("SENDER_ADMIN_MAX_CONNS", 64, 1, 1_000_000),
 
-		// The claimer and the completer hold one connection each at a
-		// time; the rest is for the purge, readiness, metrics and the admin
+		// The claimer and each of the four recorders hold one connection
+		// at a time; the rest is for the purge, readiness, metrics and the admin
 		// routes, so an operator's queries never starve delivery.
 		DBMaxConns: e.Int("SENDER_DB_MAX_CONNS", 8, 2, 1000),
 	}

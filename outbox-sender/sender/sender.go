@@ -5,10 +5,10 @@
 // The work flows through three stages so that no stage waits on another
 // more than it must:
 //
-//	claimer ──rows──▶ workers (SENDER_CONCURRENCY) ──results──▶ completer
+//	claimer ──rows──▶ workers (SENDER_CONCURRENCY) ──results──▶ recorders (4)
 //
 // The claimer takes due rows in batches (FOR UPDATE SKIP LOCKED, with a
-// lease), workers deliver them concurrently, and the completer records the
+// lease), workers deliver them concurrently, and the recorders record the
 // answers in batches: one transaction links every student that got a user
 // and marks its row delivered. Capacity tokens bound the rows in flight, so
 // the sender never claims more than it can deliver within a lease.
@@ -110,11 +110,13 @@ func (s *Sender) Run(ctx context.Context) error {
 			}
 		})
 	}
-	completed := make(chan struct{})
-	go func() {
-		defer close(completed)
-		s.complete(ctx, results, tokens)
-	}()
+	// Several recorders, so that answers do not queue behind one
+	// recording transaction's round trips and commit. Their batches hold
+	// different rows and never wait on each other's locks.
+	var recorders sync.WaitGroup
+	for range recorderCount {
+		recorders.Go(func() { s.complete(ctx, results, tokens) })
+	}
 
 	// Notifications from Student's database wake the claimer as soon as
 	// rows commit; the poll stays as the fallback.
@@ -130,7 +132,7 @@ func (s *Sender) Run(ctx context.Context) error {
 	close(jobs)
 	workers.Wait()
 	close(results)
-	<-completed
+	recorders.Wait()
 	s.log.Info("sender stopped")
 	return nil
 }
@@ -140,6 +142,12 @@ func (s *Sender) Run(ctx context.Context) error {
 // free one by one as deliveries finish; claiming at every free slot would
 // cost a claim query per row or two. A few milliseconds gather dozens.
 const claimLinger = 10 * time.Millisecond
+
+// recorderCount is how many recording transactions may run at once. With
+// one, answers queued behind each transaction's round trips and commit:
+// make bench measured p99 at 200 students/s 49 ms with one and 25 ms with
+// four, and the burndown 1,206 and 1,657 linked/s.
+const recorderCount = 4
 
 // recordLinger is how long a busy recorder waits for more answers to
 // share its transaction.

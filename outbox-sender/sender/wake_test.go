@@ -135,10 +135,11 @@ func TestClaimsGatherABatchUnderBacklog(t *testing.T) {
 	require.Equal(t, n, int(claimed))
 	require.Equal(t, n, int(recorded))
 	t.Logf("%d claims of %.1f rows on average, %d recording transactions of %.1f", claims, claimed/float64(claims), records, recorded/float64(records))
-	// Claiming at every free slot averages about 9 rows here, recording
-	// whatever has arrived about 8; lingering, both about 28.
-	require.GreaterOrEqual(t, claimed/float64(claims), 15.0, "rows per claim")
-	require.GreaterOrEqual(t, recorded/float64(records), 12.0, "answers per recording transaction")
+	// Claiming at every free slot averages about 9 rows here, lingering
+	// 20 to 27. The four recorders share the answers: recording only what
+	// has arrived averages under 2 per transaction, lingering about 6.
+	require.GreaterOrEqual(t, claimed/float64(claims), 12.0, "rows per claim")
+	require.GreaterOrEqual(t, recorded/float64(records), 3.5, "answers per recording transaction")
 }
 
 // histogram returns how many observations h holds and their sum.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,6 +29,7 @@ const (
 	senderDBTimeout    = 3 * time.Second       // SENDER_DATABASE_TIMEOUT
 	senderHistoryKeep  = 20                    // historyKeep in sender.go
 	senderRecordLinger = 10 * time.Millisecond // recordLinger in sender.go
+	senderRecorders    = 4                     // recorderCount in sender.go
 	senderCaller       = "outbox-sender"       // the sender's caller name in Users
 	usersKeyWait       = 2 * time.Second       // USERS_IDEMPOTENCY_WAIT
 	usersTimeout       = 4 * time.Second       // USERS_DATABASE_TIMEOUT
@@ -166,8 +168,8 @@ func (b *bench) burndownReal(ctx context.Context, rows int) (float64, error) {
 // batches of SENDER_BATCH_SIZE with the sender's ClaimDue (as
 // outbox_sender); SENDER_CONCURRENCY workers each running Users'
 // create-user transaction for a row (internal/inbox's Do: the key's claim,
-// InsertUser, the stored answer; as users_app, on Users' database); and one
-// recorder writing the answers as the sender does (LinkStudents,
+// InsertUser, the stored answer; as users_app, on Users' database); and four
+// recorders writing the answers as the sender does (LinkStudents,
 // MarkDelivered, RecordEvents, TrimEvents in one transaction, a batch being
 // whatever arrived meanwhile and, while busy, within recordLinger, up to
 // SENDER_BATCH_SIZE). Its claims always take a whole batch. Not in it: HTTP,
@@ -182,7 +184,7 @@ func (b *bench) burndownBound(ctx context.Context, rows int) (float64, error) {
 	if err := seed(ctx, d.studentAdmin, rows); err != nil {
 		return 0, err
 	}
-	// The claimer and the recorder hold a connection each, within the
+	// The claimer and the recorders hold a connection each, within the
 	// sender's default pool (SENDER_DB_MAX_CONNS, 8); the workers stand for
 	// SENDER_CONCURRENCY requests in Users, a connection each.
 	studentPool, err := b.rolePool(ctx, d.student, migrations.OutboxSender, 8, senderDBTimeout)
@@ -251,57 +253,66 @@ func (b *bench) deliverAll(ctx context.Context, studentPool, usersPool *pgxpool.
 		workers.Wait()
 		close(results)
 	})
-	recorded := 0
-	batch := make([]answered, 0, senderBatchSize)
-	busy := false
-	for r := range results {
-		// As the sender's recorder: what has arrived, and while busy up to
-		// recordLinger more (outbox-sender/sender/sender.go, complete).
-		batch = append(batch[:0], r)
-		var linger <-chan time.Time
-		if busy {
-			linger = time.After(senderRecordLinger)
-		}
-	fill:
-		for len(batch) < senderBatchSize {
-			select {
-			case r, ok := <-results:
-				if !ok {
-					break fill
+	// As many recorders as the sender runs (recorderCount in sender.go).
+	var (
+		recorded  atomic.Int64
+		recorders sync.WaitGroup
+	)
+	for range senderRecorders {
+		recorders.Go(func() {
+			batch := make([]answered, 0, senderBatchSize)
+			busy := false
+			for r := range results {
+				// As the sender's recorder: what has arrived, and while
+				// busy up to recordLinger more (sender.go, complete).
+				batch = append(batch[:0], r)
+				var linger <-chan time.Time
+				if busy {
+					linger = time.After(senderRecordLinger)
 				}
-				batch = append(batch, r)
-				continue
-			default:
-			}
-			if linger == nil {
-				break
-			}
-			select {
-			case r, ok := <-results:
-				if !ok {
-					break fill
+			fill:
+				for len(batch) < senderBatchSize {
+					select {
+					case r, ok := <-results:
+						if !ok {
+							break fill
+						}
+						batch = append(batch, r)
+						continue
+					default:
+					}
+					if linger == nil {
+						break
+					}
+					select {
+					case r, ok := <-results:
+						if !ok {
+							break fill
+						}
+						batch = append(batch, r)
+					case <-linger:
+						break fill
+					}
 				}
-				batch = append(batch, r)
-			case <-linger:
-				break fill
+				busy = len(batch) > 1
+				if ctx.Err() != nil {
+					continue // drain
+				}
+				if err := b.record(ctx, studentPool, batch); err != nil {
+					cancel(err)
+					continue
+				}
+				recorded.Add(int64(len(batch)))
 			}
-		}
-		busy = len(batch) > 1
-		if ctx.Err() != nil {
-			continue // drain
-		}
-		if err := b.record(ctx, studentPool, batch); err != nil {
-			cancel(err)
-			continue
-		}
-		recorded += len(batch)
+		})
 	}
+	recorders.Wait()
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil {
 		return err
 	}
-	if recorded != rows {
-		return fmt.Errorf("bound: recorded %d of %d rows", recorded, rows)
+	if n := recorded.Load(); n != int64(rows) {
+		return fmt.Errorf("bound: recorded %d of %d rows", n, rows)
 	}
 	return nil
 }
