@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
@@ -19,24 +18,8 @@ import (
 // arriving within a moment, as the sender would see them.
 func listen(t *testing.T, url string) func() int {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.RoleURL(t, url, migrations.OutboxSender))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	_, err = conn.Exec(ctx, "LISTEN "+outboxwake.Channel)
-	require.NoError(t, err)
-	return func() int {
-		n := 0
-		for {
-			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			_, err := conn.WaitForNotification(wctx)
-			cancel()
-			if err != nil {
-				return n
-			}
-			n++
-		}
-	}
+	l := pgtest.Listen(t, url, migrations.OutboxSender, outboxwake.Channel)
+	return func() int { return l.Count(300 * time.Millisecond) }
 }
 
 func TestNotifyReachesTheListener(t *testing.T) {

@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
@@ -29,8 +25,8 @@ import (
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var trips tripCounter
-	s := New(tracedPool(t, &trips), time.Second, 5*time.Second)
+	pool, trips := pgtest.TracedPool(t, pgtest.URL(t, migrations.Student), migrations.StudentApp)
+	s := New(pool, time.Second, 5*time.Second)
 	answer := func(st Student, err error) (inbox.Outcome, error) {
 		switch {
 		case errors.Is(err, ErrDocumentTaken):
@@ -42,10 +38,10 @@ func TestRoundTrips(t *testing.T) {
 	}
 	intake := func(key, doc string) []string {
 		t.Helper()
-		trips.reset()
+		trips.Take()
 		_, _, err := s.CreateStudent(ctx, key, person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: doc}, answer)
 		require.NoError(t, err)
-		return trips.reset()
+		return trips.Take()
 	}
 
 	require.Len(t, intake("", "111-1"), 3, "without a key")
@@ -53,58 +49,3 @@ func TestRoundTrips(t *testing.T) {
 	require.Len(t, intake("k1", "222-2"), 4, "with a key, replay")
 	require.Len(t, intake("", "111-1"), 3, "document number taken")
 }
-
-// tracedPool is a pool as student_app on a fresh database whose every
-// statement and batch is counted by trips.
-func tracedPool(t *testing.T, trips *tripCounter) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgtest.RoleURL(t, pgtest.URL(t, migrations.Student), migrations.StudentApp))
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = trips
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
-
-// tripCounter records the SQL of each round trip: one per Exec, Query and
-// QueryRow, and one per batch, however many statements it carries.
-type tripCounter struct {
-	mu    sync.Mutex
-	trips []string
-}
-
-func (c *tripCounter) add(sql string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.trips = append(c.trips, sql)
-}
-
-// reset returns the trips recorded so far and forgets them.
-func (c *tripCounter) reset() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	trips := c.trips
-	c.trips = nil
-	return trips
-}
-
-func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	c.add(data.SQL)
-	return ctx
-}
-
-func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	sqls := make([]string, len(data.Batch.QueuedQueries))
-	for i, q := range data.Batch.QueuedQueries {
-		sqls[i] = q.SQL
-	}
-	c.add("batch: " + strings.Join(sqls, "; "))
-	return ctx
-}
-
-func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-
-func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
@@ -31,17 +30,8 @@ func TestNewRowsWakeTheSender(t *testing.T) {
 		return nil
 	})
 
-	listener, err := pgx.Connect(ctx, pgtest.RoleURL(t, url, migrations.OutboxSender))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = listener.Close(context.Background()) })
-	_, err = listener.Exec(ctx, "LISTEN "+outboxwake.Channel)
-	require.NoError(t, err)
-	notified := func() bool {
-		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		defer cancel()
-		_, err := listener.WaitForNotification(wctx)
-		return err == nil
-	}
+	listener := pgtest.Listen(t, url, migrations.OutboxSender, outboxwake.Channel)
+	notified := func() bool { return listener.Count(500*time.Millisecond) > 0 }
 
 	answer := func(st Student, err error) (inbox.Outcome, error) {
 		if errors.Is(err, ErrDocumentTaken) {
