@@ -306,11 +306,14 @@ func (o *Operator) redrive(ctx context.Context, ids []int64, mode string, force 
 		if err != nil {
 			return fmt.Errorf("redrive: %w", err)
 		}
-		ev := outboxdb.RecordRedrivesParams{Mode: mode, Actor: o.actor}
+		ev := outboxdb.RecordEventsParams{Kind: "redrive", Actor: o.actor, Keep: historyKeep}
 		done = done[:0]
 		for _, r := range rows {
 			ev.OutboxIds = append(ev.OutboxIds, r.ID)
 			ev.Attempts = append(ev.Attempts, r.AttemptsBefore)
+			ev.Outcomes = append(ev.Outcomes, mode)
+			ev.ReasonClasses = append(ev.ReasonClasses, "")
+			ev.Errors = append(ev.Errors, "")
 			ev.IdempotencyKeys = append(ev.IdempotencyKeys, r.IdempotencyKey)
 			done = append(done, Redriven{ID: r.ID, Mode: mode, Changed: true, IdempotencyKey: r.IdempotencyKey,
 				Detail: "due now; attempts and SENDER_MAX_AGE count afresh"})
@@ -318,10 +321,10 @@ func (o *Operator) redrive(ctx context.Context, ids []int64, mode string, force 
 		if len(rows) == 0 {
 			return nil
 		}
-		if err := o.q.RecordRedrives(ctx, tx, ev); err != nil {
+		if err := o.q.RecordEvents(ctx, tx, ev); err != nil {
 			return fmt.Errorf("record redrive: %w", err)
 		}
-		return trimHistory(ctx, o.q, tx, ev.OutboxIds)
+		return nil
 	})
 	if err != nil {
 		return done, database.Classify(err)

@@ -553,6 +553,7 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 	for _, r := range batch {
 		switch r.verdict {
 		case delivered:
+			link.OutboxIds = append(link.OutboxIds, r.row.ID)
 			link.StudentIds = append(link.StudentIds, r.row.StudentID)
 			link.UserIds = append(link.UserIds, r.userID)
 			linkRows[r.row.StudentID] = r.row
@@ -641,10 +642,10 @@ type conflict struct {
 	outboxID      int64
 }
 
-// link records user ids on their students and marks those rows delivered.
-// A student already linked to a different user is never overwritten: its
-// row is added to deaths with the reason (unfenced: the answer is a fact
-// about the key, not the lease) and returned for logging.
+// link records user ids on their students and marks those rows delivered,
+// in one statement. A student already linked to a different user is never
+// overwritten: its row is added to deaths with the reason (unfenced: the
+// answer is a fact about the key, not the lease) and returned for logging.
 func (s *Sender) link(ctx context.Context, tx pgx.Tx, link outboxdb.LinkStudentsParams,
 	rows map[uuid.UUID]outboxdb.ClaimDueRow, deaths *outboxdb.MarkDeadParams) ([]conflict, error) {
 	linked, err := s.q.LinkStudents(ctx, tx, link)
@@ -652,13 +653,8 @@ func (s *Sender) link(ctx context.Context, tx pgx.Tx, link outboxdb.LinkStudents
 		return nil, fmt.Errorf("link students: %w", err)
 	}
 	done := make(map[uuid.UUID]bool, len(linked))
-	ids := make([]int64, 0, len(linked))
 	for _, id := range linked {
 		done[id] = true
-		ids = append(ids, rows[id].ID)
-	}
-	if _, err := s.q.MarkDelivered(ctx, tx, ids); err != nil {
-		return nil, fmt.Errorf("mark delivered: %w", err)
 	}
 	var conflicts []conflict
 	for i, sid := range link.StudentIds {
@@ -683,8 +679,8 @@ func conflictError(answered uuid.UUID) string {
 const historyKeep = 20
 
 // recordHistory adds an event per attempt of the batch to the rows'
-// histories, in the recording transaction, and trims each history to its
-// newest historyKeep events. Rows handed back at shutdown were not
+// histories, in the recording transaction, trimming each history to its
+// newest historyKeep events (one statement, RecordEvents). Rows handed back at shutdown were not
 // attempted, and a retry or dead-letter that was not applied (the lease was
 // lost to another sender) is that sender's to tell.
 func (s *Sender) recordHistory(ctx context.Context, tx pgx.Tx, batch []result, conflicts []conflict, applied map[int64]bool) error {
@@ -692,7 +688,7 @@ func (s *Sender) recordHistory(ctx context.Context, tx pgx.Tx, batch []result, c
 	for _, c := range conflicts {
 		conflicted[c.outboxID] = c
 	}
-	ev := outboxdb.RecordEventsParams{Actor: s.cfg.ID}
+	ev := outboxdb.RecordEventsParams{Kind: "attempt", Actor: s.cfg.ID, Keep: historyKeep}
 	for _, r := range batch {
 		if r.verdict == release || (r.verdict == retry || r.verdict == dead) && !applied[r.row.ID] {
 			continue
@@ -713,16 +709,6 @@ func (s *Sender) recordHistory(ctx context.Context, tx pgx.Tx, batch []result, c
 	}
 	if err := s.q.RecordEvents(ctx, tx, ev); err != nil {
 		return fmt.Errorf("record history: %w", err)
-	}
-	return trimHistory(ctx, s.q, tx, ev.OutboxIds)
-}
-
-// trimHistory keeps the newest historyKeep events of each of the rows.
-// Counting events, not attempts, keeps it bounded across redrives too,
-// which start the attempts again from zero.
-func trimHistory(ctx context.Context, q *outboxdb.Queries, tx pgx.Tx, ids []int64) error {
-	if err := q.TrimEvents(ctx, tx, outboxdb.TrimEventsParams{OutboxIds: ids, Keep: historyKeep}); err != nil {
-		return fmt.Errorf("trim history: %w", err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -650,4 +651,45 @@ func TestAlarmPacesItsLines(t *testing.T) {
 	n, ok = a.ring(t0.Add(time.Minute), time.Minute)
 	require.True(t, ok)
 	require.Equal(t, 4, n, "three held back, and this one")
+}
+
+// The claim, and only the claim, commits without waiting for a WAL flush
+// (see ClaimDue): run inside an explicit transaction, the setting it makes
+// for its own transaction can be read back before the commit. The test
+// cluster runs with synchronous_commit off for speed, so each transaction
+// first turns it on, as a production server has it.
+func TestClaimAloneSkipsTheFlushWait(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	sender := asSender(t, pool)
+	addStudents(t, pool, 1)
+	ctx := context.Background()
+	q := outboxdb.New()
+
+	setting := func(tx pgx.Tx) string {
+		var v string
+		require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v))
+		return v
+	}
+	begin := func() pgx.Tx {
+		tx, err := sender.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = on")
+		require.NoError(t, err)
+		return tx
+	}
+	tx := begin()
+	rows, err := q.ClaimDue(ctx, tx, outboxdb.ClaimDueParams{Lease: time.Minute, BatchSize: 10, MaxAge: time.Hour})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, "off", setting(tx), "the claim's transaction commits without waiting for the flush")
+	require.NoError(t, tx.Commit(ctx))
+
+	tx2 := begin()
+	_, err = q.LinkStudents(ctx, tx2, outboxdb.LinkStudentsParams{
+		OutboxIds: []int64{rows[0].ID}, StudentIds: []uuid.UUID{rows[0].StudentID}, UserIds: []uuid.UUID{uuid.New()},
+	})
+	require.NoError(t, err)
+	require.Equal(t, "on", setting(tx2), "recording an answer waits for the flush")
 }

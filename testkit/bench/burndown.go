@@ -169,8 +169,9 @@ func (b *bench) burndownReal(ctx context.Context, rows int) (float64, error) {
 // outbox_sender); SENDER_CONCURRENCY workers each running Users'
 // create-user transaction for a row (internal/inbox's Do: the key's claim,
 // InsertUser, the stored answer; as users_app, on Users' database); and four
-// recorders writing the answers as the sender does (LinkStudents,
-// MarkDelivered, RecordEvents, TrimEvents in one transaction, a batch being
+// recorders writing the answers as the sender does (LinkStudents, which
+// also marks the rows delivered, and RecordEvents, which also trims the
+// histories, in one transaction, a batch being
 // whatever arrived meanwhile and, while busy, within recordLinger, up to
 // SENDER_BATCH_SIZE). Its claims always take a whole batch. Not in it: HTTP,
 // JSON over the wire, authentication, and the process boundaries; and
@@ -412,20 +413,18 @@ func (b *bench) createUser(ctx context.Context, ib *inbox.Inbox, row claimed) (u
 
 // record writes one batch of answers as the sender's write() does for
 // deliveries: in one transaction bounded by SENDER_DATABASE_TIMEOUT, link
-// the students, mark their rows delivered, add an attempt event per row and
-// trim each row's history.
+// the students and mark their rows delivered (one statement), then add an
+// attempt event per row and trim each row's history (one statement).
 func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered) error {
 	var (
 		studentIDs, userIDs, keys []uuid.UUID
 		outboxIDs                 []int64
 		attempts                  []int32
 		outcomes, classes, errs   []string
-		byStudent                 = map[uuid.UUID]int64{}
 	)
 	for _, r := range batch {
 		studentIDs = append(studentIDs, r.studentID)
 		userIDs = append(userIDs, r.userID)
-		byStudent[r.studentID] = r.id
 		outboxIDs = append(outboxIDs, r.id)
 		attempts = append(attempts, r.attempts)
 		outcomes = append(outcomes, "delivered")
@@ -433,11 +432,11 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 		errs = append(errs, "")
 		keys = append(keys, r.key)
 	}
-	link, mark, events, trim := b.q["LinkStudents"], b.q["MarkDelivered"], b.q["RecordEvents"], b.q["TrimEvents"]
+	link, events := b.q["LinkStudents"], b.q["RecordEvents"]
 	ctx, cancel := database.WithDeadline(ctx, senderDBTimeout)
 	defer cancel()
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		args, err := link.args(map[string]any{"student_ids": studentIDs, "user_ids": userIDs})
+		args, err := link.args(map[string]any{"outbox_ids": outboxIDs, "student_ids": studentIDs, "user_ids": userIDs})
 		if err != nil {
 			return err
 		}
@@ -449,33 +448,17 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 		if err != nil {
 			return fmt.Errorf("link students: %w", err)
 		}
-		ids := make([]int64, 0, len(linked))
-		for _, s := range linked {
-			ids = append(ids, byStudent[s])
-		}
-		if len(ids) != len(batch) {
-			return fmt.Errorf("link students: %d of %d linked", len(ids), len(batch))
-		}
-		if args, err = mark.args(map[string]any{"ids": ids}); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, mark.sql, args...); err != nil {
-			return fmt.Errorf("mark delivered: %w", err)
+		if len(linked) != len(batch) {
+			return fmt.Errorf("link students: %d of %d linked", len(linked), len(batch))
 		}
 		if args, err = events.args(map[string]any{
-			"actor": "bench-bound", "outbox_ids": outboxIDs, "attempts": attempts, "outcomes": outcomes,
-			"reason_classes": classes, "errors": errs, "idempotency_keys": keys,
+			"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep), "kind": "attempt", "actor": "bench-bound", "attempts": attempts,
+			"outcomes": outcomes, "reason_classes": classes, "errors": errs, "idempotency_keys": keys,
 		}); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, events.sql, args...); err != nil {
 			return fmt.Errorf("record history: %w", err)
-		}
-		if args, err = trim.args(map[string]any{"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep)}); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, trim.sql, args...); err != nil {
-			return fmt.Errorf("trim history: %w", err)
 		}
 		return nil
 	})

@@ -25,10 +25,8 @@ var neededQueries = map[string][]string{
 	"InsertStudentWithOutbox": {"id", "name", "email", "document_number", "idempotency_key", "operation", "payload"},
 	"InsertUser":              {"id", "name", "email", "document_number"},
 	"ClaimDue":                {"lease", "claimed_by", "batch_size", "max_age"},
-	"LinkStudents":            {"student_ids", "user_ids"},
-	"MarkDelivered":           {"ids"},
-	"RecordEvents":            {"actor", "outbox_ids", "attempts", "outcomes", "reason_classes", "errors", "idempotency_keys"},
-	"TrimEvents":              {"outbox_ids", "keep"},
+	"LinkStudents":            {"outbox_ids", "student_ids", "user_ids"},
+	"RecordEvents":            {"outbox_ids", "keep", "kind", "actor", "attempts", "outcomes", "reason_classes", "errors", "idempotency_keys"},
 }
 
 // query is one statement with its parameters replaced by $1, $2, … as sqlc

@@ -31,7 +31,7 @@ func TestLoadQueries(t *testing.T) {
 	require.Contains(t, qs["ClaimDue"].sql, "SET available_at = now() + $1::interval")
 	require.Contains(t, qs["ClaimDue"].sql, "LIMIT $3")
 	require.Contains(t, qs["ClaimDue"].sql, "(o.age_from + $4::interval < now())::boolean AS expired")
-	require.NotContains(t, qs["TrimEvents"].sql, "Keeps the newest")
+	require.NotContains(t, qs["RecordEvents"].sql, "One statement for a whole batch")
 }
 
 func TestNumberParams(t *testing.T) {

@@ -65,9 +65,3 @@ FROM (
 ) d
 WHERE o.id = d.id
 RETURNING o.id, o.idempotency_key, d.attempts AS attempts_before;
-
--- name: RecordRedrives :exec
-INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, actor, idempotency_key)
-SELECT e.outbox_id, 'redrive', e.attempt, @mode, @actor, e.idempotency_key
-FROM (SELECT unnest(@outbox_ids::bigint[]) AS outbox_id, unnest(@attempts::integer[]) AS attempt,
-             unnest(@idempotency_keys::uuid[]) AS idempotency_key) e;

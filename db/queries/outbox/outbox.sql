@@ -5,6 +5,16 @@
 -- SKIP LOCKED lets several senders claim side by side without waiting on
 -- each other or taking the same row. The claim is a lease: available_at
 -- moves forward, so if this sender dies the row becomes due again.
+--
+-- The claim commits without waiting for its WAL to reach the disk
+-- (synchronous_commit off, for this transaction only): it is visible at
+-- once, and it saves a flush on every delivery's path. Losing it is safe. A
+-- database crash in the few hundred milliseconds before the flush only
+-- undoes the lease: the row is due again, is delivered again, and Users
+-- replays its answer; the lost lease token fences off nothing but this
+-- sender's retry of it. Whatever records an answer commits synchronously,
+-- and WAL is flushed in order, so the claim is durable by then anyway.
+WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE outbox o
 SET available_at = now() + @lease::interval,
     lease_token  = gen_random_uuid(),
@@ -16,7 +26,7 @@ FROM (
     ORDER BY available_at, id
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
-) due
+) due, no_flush_wait
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at,
@@ -26,23 +36,34 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
 
 -- name: LinkStudents :many
 -- Records each returned user id on its student unless the student is
--- already linked to a different user. The ids that come back were linked (or
--- already held that same user); the caller treats the rest as conflicts.
-UPDATE students s
-SET user_id = d.user_id, updated_at = now()
-FROM (SELECT unnest(@student_ids::uuid[]) AS student_id, unnest(@user_ids::uuid[]) AS user_id) d
-WHERE s.id = d.student_id AND (s.user_id IS NULL OR s.user_id = d.user_id)
-RETURNING s.id;
-
--- name: MarkDelivered :execrows
--- No lease check: any answer for this key is the answer, even from a sender
--- whose lease ran out, because Users replays the same result for the key.
--- A user id from Users is the truth, so it also wins over a dead-letter
--- written meanwhile by another sender (for age, say): the user exists.
-UPDATE outbox
-SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL,
-    reason_class = NULL
-WHERE id = ANY(@ids::bigint[]) AND state <> 'delivered';
+-- already linked to a different user, and marks the outbox rows of the
+-- students it linked delivered: one statement, so one round trip, for the
+-- whole of a delivery's bookkeeping. The student ids that come back were
+-- linked (or already held that same user); the caller treats the rest as
+-- conflicts.
+--
+-- Marking takes no lease check: any answer for this key is the answer, even
+-- from a sender whose lease ran out, because Users replays the same result
+-- for the key. A user id from Users is the truth, so it also wins over a
+-- dead-letter written meanwhile by another sender (for age, say): the user
+-- exists.
+WITH answers AS (
+    SELECT unnest(@outbox_ids::bigint[]) AS outbox_id, unnest(@student_ids::uuid[]) AS student_id,
+           unnest(@user_ids::uuid[]) AS user_id
+), linked AS (
+    UPDATE students s
+    SET user_id = a.user_id, updated_at = now()
+    FROM answers a
+    WHERE s.id = a.student_id AND (s.user_id IS NULL OR s.user_id = a.user_id)
+    RETURNING s.id
+), delivered AS (
+    UPDATE outbox o
+    SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL,
+        reason_class = NULL
+    FROM answers a JOIN linked l ON l.id = a.student_id
+    WHERE o.id = a.outbox_id AND o.state <> 'delivered'
+)
+SELECT id FROM linked;
 
 -- name: ScheduleRetries :many
 -- Only the holder of the current lease may reschedule a row; a sender whose
@@ -90,26 +111,28 @@ SELECT count(*) FILTER (WHERE state = 'pending')   AS pending,
 FROM outbox;
 
 -- name: RecordEvents :exec
--- One statement for a whole batch of attempts, in the recording
--- transaction, so the history never disagrees with the row.
+-- Adds events of one kind ('attempt' from the recording transaction,
+-- 'redrive' from a redrive) in one statement for a whole batch, in the
+-- transaction that changed the rows, so the history never disagrees with
+-- them. It also keeps each history bounded, however long a row is retried
+-- or redriven: the DELETE sees the events from before this statement, so
+-- keeping the newest @keep - 1 of them leaves @keep with the new one.
+WITH trimmed AS (
+    DELETE FROM outbox_events old
+    USING (
+        SELECT id FROM (
+            SELECT id, row_number() OVER (PARTITION BY outbox_id ORDER BY id DESC) AS n
+            FROM outbox_events WHERE outbox_id = ANY(@outbox_ids::bigint[])
+        ) ranked
+        WHERE ranked.n >= @keep::integer
+    ) beyond
+    WHERE old.id = beyond.id
+)
 INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
-SELECT e.outbox_id, 'attempt', e.attempt, e.outcome, NULLIF(e.reason_class, ''), NULLIF(e.error, ''), @actor, e.idempotency_key
+SELECT e.outbox_id, @kind, e.attempt, e.outcome, NULLIF(e.reason_class, ''), NULLIF(e.error, ''), @actor, e.idempotency_key
 FROM (SELECT unnest(@outbox_ids::bigint[]) AS outbox_id, unnest(@attempts::integer[]) AS attempt,
              unnest(@outcomes::text[]) AS outcome, unnest(@reason_classes::text[]) AS reason_class,
              unnest(@errors::text[]) AS error, unnest(@idempotency_keys::uuid[]) AS idempotency_key) e;
-
--- name: TrimEvents :exec
--- Keeps the newest @keep events of each row: the history stays bounded
--- however long a row is retried or redriven.
-DELETE FROM outbox_events e
-USING (
-    SELECT id FROM (
-        SELECT id, row_number() OVER (PARTITION BY outbox_id ORDER BY id DESC) AS n
-        FROM outbox_events WHERE outbox_id = ANY(@outbox_ids::bigint[])
-    ) ranked
-    WHERE ranked.n > @keep::integer
-) old
-WHERE e.id = old.id;
 
 -- name: PurgeDelivered :execrows
 -- Deletes at most batch_size delivered rows older than the retention (and

@@ -259,32 +259,6 @@ func (q *Queries) ListOutbox(ctx context.Context, db DBTX, arg ListOutboxParams)
 	return items, nil
 }
 
-const recordRedrives = `-- name: RecordRedrives :exec
-INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, actor, idempotency_key)
-SELECT e.outbox_id, 'redrive', e.attempt, $1, $2, e.idempotency_key
-FROM (SELECT unnest($3::bigint[]) AS outbox_id, unnest($4::integer[]) AS attempt,
-             unnest($5::uuid[]) AS idempotency_key) e
-`
-
-type RecordRedrivesParams struct {
-	Mode            string
-	Actor           string
-	OutboxIds       []int64
-	Attempts        []int32
-	IdempotencyKeys []uuid.UUID
-}
-
-func (q *Queries) RecordRedrives(ctx context.Context, db DBTX, arg RecordRedrivesParams) error {
-	_, err := db.Exec(ctx, recordRedrives,
-		arg.Mode,
-		arg.Actor,
-		arg.OutboxIds,
-		arg.Attempts,
-		arg.IdempotencyKeys,
-	)
-	return err
-}
-
 const redrive = `-- name: Redrive :many
 UPDATE outbox o
 SET state = 'pending', available_at = now(), attempts = 0, age_from = now(),

@@ -15,6 +15,7 @@ import (
 
 const claimDue = `-- name: ClaimDue :many
 
+WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE outbox o
 SET available_at = now() + $1::interval,
     lease_token  = gen_random_uuid(),
@@ -26,7 +27,7 @@ FROM (
     ORDER BY available_at, id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-) due
+) due, no_flush_wait
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at,
@@ -59,6 +60,15 @@ type ClaimDueRow struct {
 // SKIP LOCKED lets several senders claim side by side without waiting on
 // each other or taking the same row. The claim is a lease: available_at
 // moves forward, so if this sender dies the row becomes due again.
+//
+// The claim commits without waiting for its WAL to reach the disk
+// (synchronous_commit off, for this transaction only): it is visible at
+// once, and it saves a flush on every delivery's path. Losing it is safe. A
+// database crash in the few hundred milliseconds before the flush only
+// undoes the lease: the row is due again, is delivered again, and Users
+// replays its answer; the lost lease token fences off nothing but this
+// sender's retry of it. Whatever records an answer commits synchronously,
+// and WAL is flushed in order, so the claim is durable by then anyway.
 func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]ClaimDueRow, error) {
 	rows, err := db.Query(ctx, claimDue,
 		arg.Lease,
@@ -95,23 +105,45 @@ func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]
 }
 
 const linkStudents = `-- name: LinkStudents :many
-UPDATE students s
-SET user_id = d.user_id, updated_at = now()
-FROM (SELECT unnest($1::uuid[]) AS student_id, unnest($2::uuid[]) AS user_id) d
-WHERE s.id = d.student_id AND (s.user_id IS NULL OR s.user_id = d.user_id)
-RETURNING s.id
+WITH answers AS (
+    SELECT unnest($1::bigint[]) AS outbox_id, unnest($2::uuid[]) AS student_id,
+           unnest($3::uuid[]) AS user_id
+), linked AS (
+    UPDATE students s
+    SET user_id = a.user_id, updated_at = now()
+    FROM answers a
+    WHERE s.id = a.student_id AND (s.user_id IS NULL OR s.user_id = a.user_id)
+    RETURNING s.id
+), delivered AS (
+    UPDATE outbox o
+    SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL,
+        reason_class = NULL
+    FROM answers a JOIN linked l ON l.id = a.student_id
+    WHERE o.id = a.outbox_id AND o.state <> 'delivered'
+)
+SELECT id FROM linked
 `
 
 type LinkStudentsParams struct {
+	OutboxIds  []int64
 	StudentIds []uuid.UUID
 	UserIds    []uuid.UUID
 }
 
 // Records each returned user id on its student unless the student is
-// already linked to a different user. The ids that come back were linked (or
-// already held that same user); the caller treats the rest as conflicts.
+// already linked to a different user, and marks the outbox rows of the
+// students it linked delivered: one statement, so one round trip, for the
+// whole of a delivery's bookkeeping. The student ids that come back were
+// linked (or already held that same user); the caller treats the rest as
+// conflicts.
+//
+// Marking takes no lease check: any answer for this key is the answer, even
+// from a sender whose lease ran out, because Users replays the same result
+// for the key. A user id from Users is the truth, so it also wins over a
+// dead-letter written meanwhile by another sender (for age, say): the user
+// exists.
 func (q *Queries) LinkStudents(ctx context.Context, db DBTX, arg LinkStudentsParams) ([]uuid.UUID, error) {
-	rows, err := db.Query(ctx, linkStudents, arg.StudentIds, arg.UserIds)
+	rows, err := db.Query(ctx, linkStudents, arg.OutboxIds, arg.StudentIds, arg.UserIds)
 	if err != nil {
 		return nil, err
 	}
@@ -176,25 +208,6 @@ func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) ([]
 	return items, nil
 }
 
-const markDelivered = `-- name: MarkDelivered :execrows
-UPDATE outbox
-SET state = 'delivered', delivered_at = now(), dead_at = NULL, lease_token = NULL, last_error = NULL,
-    reason_class = NULL
-WHERE id = ANY($1::bigint[]) AND state <> 'delivered'
-`
-
-// No lease check: any answer for this key is the answer, even from a sender
-// whose lease ran out, because Users replays the same result for the key.
-// A user id from Users is the truth, so it also wins over a dead-letter
-// written meanwhile by another sender (for age, say): the user exists.
-func (q *Queries) MarkDelivered(ctx context.Context, db DBTX, ids []int64) (int64, error) {
-	result, err := db.Exec(ctx, markDelivered, ids)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const outboxStats = `-- name: OutboxStats :one
 SELECT count(*) FILTER (WHERE state = 'pending')   AS pending,
        count(*) FILTER (WHERE state = 'delivered') AS delivered,
@@ -254,14 +267,26 @@ func (q *Queries) PurgeDelivered(ctx context.Context, db DBTX, arg PurgeDelivere
 }
 
 const recordEvents = `-- name: RecordEvents :exec
+WITH trimmed AS (
+    DELETE FROM outbox_events old
+    USING (
+        SELECT id FROM (
+            SELECT id, row_number() OVER (PARTITION BY outbox_id ORDER BY id DESC) AS n
+            FROM outbox_events WHERE outbox_id = ANY($3::bigint[])
+        ) ranked
+        WHERE ranked.n >= $9::integer
+    ) beyond
+    WHERE old.id = beyond.id
+)
 INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
-SELECT e.outbox_id, 'attempt', e.attempt, e.outcome, NULLIF(e.reason_class, ''), NULLIF(e.error, ''), $1, e.idempotency_key
-FROM (SELECT unnest($2::bigint[]) AS outbox_id, unnest($3::integer[]) AS attempt,
-             unnest($4::text[]) AS outcome, unnest($5::text[]) AS reason_class,
-             unnest($6::text[]) AS error, unnest($7::uuid[]) AS idempotency_key) e
+SELECT e.outbox_id, $1, e.attempt, e.outcome, NULLIF(e.reason_class, ''), NULLIF(e.error, ''), $2, e.idempotency_key
+FROM (SELECT unnest($3::bigint[]) AS outbox_id, unnest($4::integer[]) AS attempt,
+             unnest($5::text[]) AS outcome, unnest($6::text[]) AS reason_class,
+             unnest($7::text[]) AS error, unnest($8::uuid[]) AS idempotency_key) e
 `
 
 type RecordEventsParams struct {
+	Kind            string
 	Actor           string
 	OutboxIds       []int64
 	Attempts        []int32
@@ -269,12 +294,18 @@ type RecordEventsParams struct {
 	ReasonClasses   []string
 	Errors          []string
 	IdempotencyKeys []uuid.UUID
+	Keep            int32
 }
 
-// One statement for a whole batch of attempts, in the recording
-// transaction, so the history never disagrees with the row.
+// Adds events of one kind ('attempt' from the recording transaction,
+// 'redrive' from a redrive) in one statement for a whole batch, in the
+// transaction that changed the rows, so the history never disagrees with
+// them. It also keeps each history bounded, however long a row is retried
+// or redriven: the DELETE sees the events from before this statement, so
+// keeping the newest @keep - 1 of them leaves @keep with the new one.
 func (q *Queries) RecordEvents(ctx context.Context, db DBTX, arg RecordEventsParams) error {
 	_, err := db.Exec(ctx, recordEvents,
+		arg.Kind,
 		arg.Actor,
 		arg.OutboxIds,
 		arg.Attempts,
@@ -282,6 +313,7 @@ func (q *Queries) RecordEvents(ctx context.Context, db DBTX, arg RecordEventsPar
 		arg.ReasonClasses,
 		arg.Errors,
 		arg.IdempotencyKeys,
+		arg.Keep,
 	)
 	return err
 }
@@ -356,28 +388,4 @@ func (q *Queries) ScheduleRetries(ctx context.Context, db DBTX, arg ScheduleRetr
 		return nil, err
 	}
 	return items, nil
-}
-
-const trimEvents = `-- name: TrimEvents :exec
-DELETE FROM outbox_events e
-USING (
-    SELECT id FROM (
-        SELECT id, row_number() OVER (PARTITION BY outbox_id ORDER BY id DESC) AS n
-        FROM outbox_events WHERE outbox_id = ANY($1::bigint[])
-    ) ranked
-    WHERE ranked.n > $2::integer
-) old
-WHERE e.id = old.id
-`
-
-type TrimEventsParams struct {
-	OutboxIds []int64
-	Keep      int32
-}
-
-// Keeps the newest @keep events of each row: the history stays bounded
-// however long a row is retried or redriven.
-func (q *Queries) TrimEvents(ctx context.Context, db DBTX, arg TrimEventsParams) error {
-	_, err := db.Exec(ctx, trimEvents, arg.OutboxIds, arg.Keep)
-	return err
 }
