@@ -434,7 +434,10 @@ func frozenRecord(s *scenario) {
 // (database.WithDeadline, SENDER_DATABASE_TIMEOUT) makes the sender abandon
 // the caught connection and claim again on a new one once the network is
 // back. The server session left behind is idle and holds no lock. Without
-// the deadline the claimer would wait for the answer for ever.
+// the deadline the claimer would wait for the answer for ever. The
+// recorders keep working while the claimer holds still, so the freeze may
+// also catch one inside its recording transaction: the server must end that
+// session, as in scenario 11.
 func frozenClaim(s *scenario) {
 	l := s.startLoad(150, 5*time.Second)
 	time.Sleep(500 * time.Millisecond)
