@@ -33,8 +33,9 @@ FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/
 USER nonroot:nonroot
 
-# Student, Users and the sender's admin port, in that order.
-EXPOSE 8080 8081 8082
+# Student, Users and the sender's admin port, in that order; then Student's
+# and Users' admin ports.
+EXPOSE 8080 8081 8082 8090 8091
 
 # No ENTRYPOINT and no CMD on purpose: compose names the binary in `command:`
 # (/usr/local/bin is on the image's PATH), and forgetting it fails loudly

@@ -13,6 +13,7 @@ package e2e
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -30,6 +31,7 @@ import (
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
@@ -65,7 +67,10 @@ var requiredServices = map[string][]string{
 type binary struct {
 	pkg     string // the package the Dockerfile must build
 	addrVar string // the variable holding its listen address
-	dbVar   string // the variable holding its database URL
+	// adminVar holds the address of its admin listener (/metrics,
+	// /healthz, /readyz); for the sender it is its only listener.
+	adminVar string
+	dbVar    string // the variable holding its database URL
 	// role is the database role the binary runs as, whose password comes
 	// from passwordVar (or its _FILE form).
 	role, passwordVar string
@@ -87,6 +92,7 @@ type login struct{ role, passwordVar, binary string }
 type appConfig struct {
 	names      []string // every variable the binary reads
 	addr       string
+	adminAddr  string
 	dbURL      string
 	migrateURL string // "" for a binary without migrations
 }
@@ -95,7 +101,7 @@ type appConfig struct {
 // names the binary after the package folder, "student".
 var binaries = map[string]binary{
 	"student": {
-		pkg: "./services/student", addrVar: "STUDENT_HTTP_ADDR", dbVar: "STUDENT_DATABASE_URL",
+		pkg: "./services/student", addrVar: "STUDENT_HTTP_ADDR", adminVar: "STUDENT_ADMIN_ADDR", dbVar: "STUDENT_DATABASE_URL",
 		role: migrations.StudentApp, passwordVar: "STUDENT_DATABASE_PASSWORD", migrateVar: "STUDENT_MIGRATE_DATABASE_URL",
 		logins: []login{
 			{migrations.StudentApp, "STUDENT_DATABASE_PASSWORD", "student"},
@@ -103,24 +109,24 @@ var binaries = map[string]binary{
 		},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := studentsvc.LoadConfig(getenv)
-			return appConfig{names: r.Names(), addr: c.HTTPAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
+			return appConfig{names: r.Names(), addr: c.HTTPAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
 		},
 	},
 	"users": {
-		pkg: "./services/users", addrVar: "USERS_HTTP_ADDR", dbVar: "USERS_DATABASE_URL",
+		pkg: "./services/users", addrVar: "USERS_HTTP_ADDR", adminVar: "USERS_ADMIN_ADDR", dbVar: "USERS_DATABASE_URL",
 		role: migrations.UsersApp, passwordVar: "USERS_DATABASE_PASSWORD", migrateVar: "USERS_MIGRATE_DATABASE_URL",
 		logins: []login{{migrations.UsersApp, "USERS_DATABASE_PASSWORD", "users"}},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := usersvc.LoadConfig(getenv)
-			return appConfig{names: r.Names(), addr: c.HTTPAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
+			return appConfig{names: r.Names(), addr: c.HTTPAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
 		},
 	},
 	"outbox-sender": {
-		pkg: "./outbox-sender", addrVar: "SENDER_ADMIN_ADDR", dbVar: "SENDER_DATABASE_URL",
+		pkg: "./outbox-sender", addrVar: "SENDER_ADMIN_ADDR", adminVar: "SENDER_ADMIN_ADDR", dbVar: "SENDER_DATABASE_URL",
 		role: migrations.OutboxSender, passwordVar: "SENDER_DATABASE_PASSWORD",
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := sender.LoadConfig(getenv)
-			return appConfig{names: r.Names(), addr: c.AdminAddr, dbURL: c.DatabaseURL}, err
+			return appConfig{names: r.Names(), addr: c.AdminAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL}, err
 		},
 	},
 }
@@ -149,6 +155,10 @@ var checks = []check{
 	{"inbox outlasts sender retries", checkRetention},
 	{"users answers before the sender gives up", checkWaitsNest},
 	{"callers authenticate", checkCallers},
+	{"observability profile", checkObservabilityProfile},
+	{"traces reach the collector", checkTracing},
+	{"prometheus scrapes the admin ports", checkScrapes},
+	{"grafana is provisioned", checkGrafana},
 }
 
 func TestCompose(t *testing.T) {
@@ -194,6 +204,10 @@ services:
       STUDENT_HTTP_ADDR: ":8080"
       STUDENT_HTTP_PORT: "8080"
       STUDENT_IDEMPOTENCY_WAIT: forever
+      STUDENT_ADMIN_ADDR: ":9190"
+      OTEL_EXPORTER_OTLP_ENDPIONT: http://jaeger:4318
+      OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: http://jaeger:4317/v1/traces
+      OTEL_SERVICE_NAME: student
     secrets: [outbox_sender_password]
     ports: ["8080:9090"]
     depends_on: [student-migrate]
@@ -208,7 +222,7 @@ services:
       USERS_INBOX_RETENTION: 24h
       USERS_IDEMPOTENCY_WAIT: 3s
       USERS_API_TOKENS: outbox-sender:users-knows-this-token-0123
-    ports: ["9091:9091"]
+    ports: ["9091:9091", "8091:8091"]
     healthcheck:
       test: curl -f http://localhost:9091/readyz
   outbox-sender:
@@ -221,6 +235,8 @@ services:
       SENDER_MAX_AGE: 48h
       SENDER_REQUEST_TIMEOUT: 2s
       SENDER_USERS_TOKEN: the-sender-has-another-token-0123
+      OTEL_EXPORTER_OTLP_ENDPOINT: http://tempo:4318
+      OTEL_SERVICE_NAME: student
     secrets: [other_sender_password]
     depends_on:
       users:
@@ -233,14 +249,34 @@ services:
   users-2:
     build: .
     command: ["users"]
+    depends_on: [grafana]
   users-migrate-2:
     build: .
     command: ["users", "migrate"]
+    profiles: [debug]
     environment:
       USERS_API_TOKENS: outbox-sender:users-knows-this-token-0123
   worker:
     build: .
     command: ["outbox-worker"]
+  jaeger:
+    image: jaegertracing/all-in-one:1.65.0
+    environment:
+      COLLECTOR_OTLP_ENABLED: "false"
+    ports: ["16686:16686"]
+  prometheus:
+    image: prom/prometheus:v3.1.0
+    profiles: [observability]
+    volumes:
+      - ./deploy/observability/prometheus.yml:/etc/prometheus/prometheus.yml:ro
+  grafana:
+    image: grafana/grafana:11.4.0
+    profiles: [observability]
+    environment:
+      GF_AUTH_ANONYMOUS_ENABLED: "true"
+      GF_AUTH_ANONYMOUS_ORG_ROLE: Admin
+    volumes:
+      - ./deploy/observability/grafana/provisioning:/etc/grafana/provisioning:ro
 secrets:
   student_app_password:
     file: deploy/secrets/student_app_password.txt
@@ -263,10 +299,12 @@ secrets:
 		"environment": {
 			`"student": STUDENT_HTTP_PORT is not read by student`,
 			`"student": student rejects this environment`,
+			`"student": OTEL_EXPORTER_OTLP_ENDPIONT is not a variable the OpenTelemetry SDK reads`,
 		},
 		"ports": {
-			`"student": publishes container port 9090, but STUDENT_HTTP_ADDR=":8080" listens on 8080`,
+			`"student": publishes container port 9090, but nothing listens there: STUDENT_HTTP_ADDR=":8080" listens on 8080, STUDENT_ADMIN_ADDR=":9190" listens on 9190`,
 			`"users": container port 9091 is not in the Dockerfile's EXPOSE`,
+			`"users": publishes its admin port 8091 (USERS_ADMIN_ADDR) on every interface`,
 		},
 		"database URLs": {
 			`"student-migrate": STUDENT_MIGRATE_DATABASE_URL names database "students", but student-db's POSTGRES_DB is "student"`,
@@ -313,6 +351,28 @@ secrets:
 			`"users-2": USERS_API_TOKENS is not set: Users refuses to serve without callers`,
 			`"users-migrate-2": USERS_API_TOKENS is set, but a migration serves no one`,
 		},
+		"observability profile": {
+			`"jaeger": has profiles [], want only [observability]`,
+			`"jaeger": publishes port 16686 on every interface`,
+			`"users-migrate-2": has profiles ["debug"], so plain ` + "`docker compose up`" + ` would leave it out`,
+			`"users-2": depends on "grafana", which runs only with profile ["observability"]`,
+		},
+		"traces reach the collector": {
+			`"student": OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://jaeger:4317/v1/traces: port 4317 is OTLP/gRPC`,
+			`"jaeger": COLLECTOR_OTLP_ENABLED is false`,
+			`"outbox-sender": OTEL_EXPORTER_OTLP_ENDPOINT=http://tempo:4318: "tempo" is not a service running Jaeger`,
+			`"users": exports no traces`,
+			`"student": OTEL_SERVICE_NAME="student" is also the name of outbox-sender's spans`,
+		},
+		"prometheus scrapes the admin ports": {
+			`"prometheus": does not scrape student:9190, the admin listener there (STUDENT_ADMIN_ADDR=":9190")`,
+			`"prometheus": does not scrape outbox-sender-2:8082`,
+			`"prometheus": job "student" scrapes student:8090, which is no Go service's admin listener`,
+		},
+		"grafana is provisioned": {
+			`"grafana": GF_AUTH_ANONYMOUS_ORG_ROLE=Admin lets anyone change the dashboard`,
+			`"grafana": dashboard provider "outboxref" (outboxref.yml) loads /var/lib/grafana/dashboards, where nothing is mounted`,
+		},
 	}
 	require.Len(t, want, len(checks), "every check needs a mistake to catch")
 	for _, c := range checks {
@@ -353,6 +413,10 @@ func loadDeployment(t *testing.T, filename string, content []byte) *deployment {
 	}, func(o *loader.Options) {
 		o.SetProjectName(composeProject, true)
 		o.ResolvePaths = true // build contexts become absolute, so we can stat them
+		// Every profile's services are checked: those of "observability"
+		// too, and checkObservabilityProfile sees to it that the plain
+		// `docker compose up` still gets the whole system.
+		o.Profiles = []string{"*"}
 	})
 	require.NoError(t, err, "loading %s", filename)
 
@@ -540,6 +604,14 @@ func checkEnvironment(d *deployment) []string {
 		}
 		cfg, err := config(s)
 		for _, v := range slices.Sorted(maps.Keys(s.Environment)) {
+			// The OpenTelemetry SDK reads its own variables; a misspelt
+			// one would silently do nothing too.
+			if strings.HasPrefix(v, "OTEL_") {
+				if !otelVars[v] {
+					problems = append(problems, fmt.Sprintf("%q: %s is not a variable the OpenTelemetry SDK reads, so setting it does nothing", s.Name, v))
+				}
+				continue
+			}
 			if !slices.Contains(cfg.names, v) {
 				problems = append(problems, fmt.Sprintf("%q: %s is not read by %s, so setting it does nothing (it reads %v)", s.Name, v, name, cfg.names))
 			}
@@ -551,6 +623,10 @@ func checkEnvironment(d *deployment) []string {
 	return problems
 }
 
+// checkPorts: every published container port is one the binary listens
+// on, and is in the image's EXPOSE. An admin port (metrics, and the
+// sender's redrive) has no authentication, so it is published on the
+// loopback interface only.
 func checkPorts(d *deployment) []string {
 	var problems []string
 	for _, s := range d.goServices() {
@@ -559,9 +635,21 @@ func checkPorts(d *deployment) []string {
 			continue
 		}
 		cfg, _ := config(s)
-		port, err := portOf(cfg.addr)
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("%q: %s=%q: %v", s.Name, b.addrVar, cfg.addr, err))
+		listens := map[uint32]string{} // port → the variable that sets it
+		var desc []string
+		bad := false
+		addrs := map[string]string{b.addrVar: cfg.addr, b.adminVar: cfg.adminAddr}
+		for _, v := range slices.Compact([]string{b.addrVar, b.adminVar}) {
+			port, err := portOf(addrs[v])
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("%q: %s=%q: %v", s.Name, v, addrs[v], err))
+				bad = true
+				continue
+			}
+			listens[port] = v
+			desc = append(desc, fmt.Sprintf("%s=%q listens on %d", v, addrs[v], port))
+		}
+		if bad {
 			continue
 		}
 		var img image
@@ -569,8 +657,12 @@ func checkPorts(d *deployment) []string {
 			img = d.images[dockerfilePath(s.Build)]
 		}
 		for _, p := range s.Ports {
-			if p.Target != port {
-				problems = append(problems, fmt.Sprintf("%q: publishes container port %d, but %s=%q listens on %d", s.Name, p.Target, b.addrVar, cfg.addr, port))
+			v, ok := listens[p.Target]
+			switch {
+			case !ok:
+				problems = append(problems, fmt.Sprintf("%q: publishes container port %d, but nothing listens there: %s", s.Name, p.Target, strings.Join(desc, ", ")))
+			case v == b.adminVar && !loopback(p.HostIP):
+				problems = append(problems, fmt.Sprintf("%q: publishes its admin port %d (%s) on every interface, but it has no authentication: publish it as \"127.0.0.1:%s:%d\"", s.Name, p.Target, v, cmp.Or(p.Published, strconv.Itoa(int(p.Target))), p.Target))
 			}
 			// An image that failed to load is checkBuild's to report.
 			if img.installed != nil && !slices.Contains(img.expose, p.Target) {
@@ -579,6 +671,13 @@ func checkPorts(d *deployment) []string {
 		}
 	}
 	return problems
+}
+
+// loopback says whether a published port's host address is reachable from
+// this host only.
+func loopback(hostIP string) bool {
+	ip := net.ParseIP(hostIP)
+	return ip != nil && ip.IsLoopback()
 }
 
 // database identifies a database inside the compose project.
@@ -1045,6 +1144,461 @@ func checkCallers(d *deployment) []string {
 		}
 	}
 	return problems
+}
+
+// observabilityProfile is the compose profile that adds what watches the
+// system; observabilityServices are its services, by the image each runs.
+const observabilityProfile = "observability"
+
+var observabilityServices = map[string]string{
+	"jaeger":     "jaegertracing/all-in-one",
+	"prometheus": "prom/prometheus",
+	"grafana":    "grafana/grafana",
+}
+
+// The ports the profile's services listen on inside the compose network:
+// Jaeger's OTLP/HTTP receiver (4317 is its OTLP/gRPC one) and Prometheus'
+// API, which Grafana queries.
+const (
+	otlpHTTPPort   = "4318"
+	otlpGRPCPort   = "4317"
+	prometheusPort = "9090"
+)
+
+// otelVars are the OpenTelemetry SDK's variables a service may set: the
+// specification's general ones, the OTLP exporter's and the batch span
+// processor's. They are not the config loaders' to list.
+var otelVars = map[string]bool{}
+
+func init() {
+	for _, v := range []string{
+		"OTEL_SDK_DISABLED", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_PROPAGATORS",
+		"OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_TRACES_EXPORTER", "OTEL_LOG_LEVEL",
+		"OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT", "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+		"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT",
+		"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT",
+		"OTEL_SPAN_LINK_COUNT_LIMIT", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+	} {
+		otelVars[v] = true
+	}
+	for _, signal := range []string{"", "TRACES_"} {
+		for _, v := range []string{"ENDPOINT", "HEADERS", "TIMEOUT", "COMPRESSION", "PROTOCOL", "INSECURE",
+			"CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"} {
+			otelVars["OTEL_EXPORTER_OTLP_"+signal+v] = true
+		}
+	}
+}
+
+// imageRepo is an image reference without its tag or digest.
+func imageRepo(ref string) string {
+	ref, _, _ = strings.Cut(ref, "@")
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		ref = ref[:i]
+	}
+	return ref
+}
+
+// servicesOf returns the services that run image repo, in name order.
+func (d *deployment) servicesOf(repo string) []types.ServiceConfig {
+	var out []types.ServiceConfig
+	for _, name := range slices.Sorted(maps.Keys(d.project.Services)) {
+		if s := d.project.Services[name]; imageRepo(s.Image) == repo {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// servingGoServices are the Go services that serve (not the migrations).
+func (d *deployment) servingGoServices() []types.ServiceConfig {
+	var out []types.ServiceConfig
+	for _, s := range d.goServices() {
+		if _, _, ok := binaryOf(s); ok && !isMigration(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// hostPath maps a path inside s's container to the host path the bind
+// mount covering it puts there, or "" when no bind mount covers it.
+func (d *deployment) hostPath(s types.ServiceConfig, inContainer string) string {
+	var target, source string
+	for _, v := range s.Volumes {
+		if v.Type != types.VolumeTypeBind {
+			continue
+		}
+		t := path.Clean(v.Target)
+		if (inContainer == t || strings.HasPrefix(inContainer, t+"/")) && len(t) > len(target) {
+			target, source = t, v.Source
+		}
+	}
+	if target == "" {
+		return ""
+	}
+	if !filepath.IsAbs(source) {
+		source = filepath.Join(d.project.WorkingDir, source)
+	}
+	return filepath.Join(source, filepath.FromSlash(strings.TrimPrefix(inContainer, target)))
+}
+
+// checkObservabilityProfile: Jaeger, Prometheus and Grafana run with the
+// profile only, and everything else without a profile, so that plain
+// `docker compose up` is the whole system and no more. Nothing outside the
+// profile may wait for a service in it, or plain `up` would fail. Each UI
+// is published on the loopback interface only: none has authentication
+// set up.
+func checkObservabilityProfile(d *deployment) []string {
+	var problems []string
+	for _, name := range slices.Sorted(maps.Keys(observabilityServices)) {
+		s, ok := d.project.Services[name]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("service %q is missing: the %s profile needs it", name, observabilityProfile))
+			continue
+		}
+		if !slices.Equal(s.Profiles, []string{observabilityProfile}) {
+			problems = append(problems, fmt.Sprintf("%q: has profiles %q, want only [%s]: it belongs to the profile, not to plain `docker compose up`", name, s.Profiles, observabilityProfile))
+		}
+		if want := observabilityServices[name]; imageRepo(s.Image) != want {
+			problems = append(problems, fmt.Sprintf("%q: runs image %q, want %s", name, s.Image, want))
+		}
+		for _, p := range s.Ports {
+			if !loopback(p.HostIP) {
+				problems = append(problems, fmt.Sprintf("%q: publishes port %d on every interface, and it has no authentication set up: publish it on 127.0.0.1", name, p.Target))
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(d.project.Services)) {
+		s := d.project.Services[name]
+		if _, ok := observabilityServices[name]; ok {
+			continue
+		}
+		if len(s.Profiles) > 0 {
+			problems = append(problems, fmt.Sprintf("%q: has profiles %q, so plain `docker compose up` would leave it out", name, s.Profiles))
+			continue
+		}
+		for _, dep := range slices.Sorted(maps.Keys(s.DependsOn)) {
+			if p := d.project.Services[dep].Profiles; len(p) > 0 {
+				problems = append(problems, fmt.Sprintf("%q: depends on %q, which runs only with profile %q: plain `docker compose up` would fail", name, dep, p))
+			}
+		}
+	}
+	return problems
+}
+
+// checkTracing: every serving Go service exports its spans to the
+// profile's Jaeger, over OTLP/HTTP (the exporter the binaries have), and
+// services running different binaries have different names, so that one
+// trace shows the three processes apart. Without the profile the exports
+// fail, which the services log and otherwise ignore.
+func checkTracing(d *deployment) []string {
+	var problems []string
+	named := map[string]string{} // OTEL_SERVICE_NAME → the binary using it
+	for _, s := range d.servingGoServices() {
+		bin, _, _ := binaryOf(s)
+		env := getenvOf(s.Environment)
+		endpointVar := "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+		if env(endpointVar) == "" {
+			endpointVar = "OTEL_EXPORTER_OTLP_ENDPOINT"
+		}
+		switch endpoint := env(endpointVar); {
+		case endpoint == "" || env("OTEL_SDK_DISABLED") == "true":
+			problems = append(problems, fmt.Sprintf("%q: exports no traces: set OTEL_EXPORTER_OTLP_ENDPOINT to Jaeger's OTLP/HTTP receiver, http://jaeger:%s", s.Name, otlpHTTPPort))
+		default:
+			problems = append(problems, d.checkCollector(s.Name, endpointVar, endpoint)...)
+		}
+		name := env("OTEL_SERVICE_NAME")
+		if other, taken := named[name]; name != "" && taken && other != bin {
+			problems = append(problems, fmt.Sprintf("%q: OTEL_SERVICE_NAME=%q is also the name of %s's spans: a trace would not tell the two apart", s.Name, name, other))
+		}
+		named[name] = bin
+	}
+	return problems
+}
+
+// checkCollector checks that an OTLP endpoint is the OTLP/HTTP receiver
+// of a Jaeger service.
+func (d *deployment) checkCollector(service, endpointVar, endpoint string) []string {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" {
+		return []string{fmt.Sprintf("%q: %s=%q is not an http:// URL", service, endpointVar, endpoint)}
+	}
+	jaeger, ok := d.project.Services[u.Hostname()]
+	if !ok || imageRepo(jaeger.Image) != observabilityServices["jaeger"] {
+		return []string{fmt.Sprintf("%q: %s=%s: %q is not a service running Jaeger", service, endpointVar, endpoint, u.Hostname())}
+	}
+	var problems []string
+	switch u.Port() {
+	case otlpHTTPPort:
+	case otlpGRPCPort:
+		problems = append(problems, fmt.Sprintf("%q: %s=%s: port %s is OTLP/gRPC, but the binaries export OTLP/HTTP, to %s", service, endpointVar, endpoint, otlpGRPCPort, otlpHTTPPort))
+	default:
+		problems = append(problems, fmt.Sprintf("%q: %s=%s: Jaeger receives OTLP/HTTP on port %s", service, endpointVar, endpoint, otlpHTTPPort))
+	}
+	if getenvOf(jaeger.Environment)("COLLECTOR_OTLP_ENABLED") == "false" {
+		problems = append(problems, fmt.Sprintf("%q: COLLECTOR_OTLP_ENABLED is false, so the spans %q sends are refused", jaeger.Name, service))
+	}
+	return problems
+}
+
+// scrapeConfig is the part of a Prometheus configuration the checks read.
+type scrapeConfig struct {
+	ScrapeConfigs []struct {
+		JobName       string `yaml:"job_name"`
+		MetricsPath   string `yaml:"metrics_path"`
+		Scheme        string `yaml:"scheme"`
+		StaticConfigs []struct {
+			Targets []string `yaml:"targets"`
+		} `yaml:"static_configs"`
+	} `yaml:"scrape_configs"`
+}
+
+// prometheusConfigFile is where Prometheus' image reads its configuration
+// unless --config.file says otherwise.
+const prometheusConfigFile = "/etc/prometheus/prometheus.yml"
+
+// checkScrapes: Prometheus scrapes exactly the admin listeners of the
+// serving Go services, at the ports their own config loaders say. A target
+// missing is a binary whose metrics no one sees; one too many is a target
+// down for ever, usually a port changed on one side only.
+func checkScrapes(d *deployment) []string {
+	var problems []string
+	want := map[string]string{} // "service:port" → the variable making it listen there
+	for _, s := range d.servingGoServices() {
+		_, b, _ := binaryOf(s)
+		cfg, _ := config(s)
+		port, err := portOf(cfg.adminAddr)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%q: %s=%q: %v", s.Name, b.adminVar, cfg.adminAddr, err))
+			continue
+		}
+		want[net.JoinHostPort(s.Name, strconv.Itoa(int(port)))] = fmt.Sprintf("%s=%q", b.adminVar, cfg.adminAddr)
+	}
+	for _, p := range d.servicesOf(observabilityServices["prometheus"]) {
+		inContainer := prometheusConfigFile
+		for _, arg := range p.Command {
+			if v, ok := strings.CutPrefix(arg, "--config.file="); ok {
+				inContainer = v
+			}
+		}
+		file := d.hostPath(p, inContainer)
+		if file == "" {
+			problems = append(problems, fmt.Sprintf("%q: nothing is mounted at %s, its configuration", p.Name, inContainer))
+			continue
+		}
+		var cfg scrapeConfig
+		text, err := os.ReadFile(file)
+		if err == nil {
+			err = yaml.Unmarshal(text, &cfg)
+		}
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%q: %s: %v", p.Name, file, err))
+			continue
+		}
+		got := map[string]string{} // target → job
+		for _, sc := range cfg.ScrapeConfigs {
+			if mp := cmp.Or(sc.MetricsPath, "/metrics"); mp != "/metrics" {
+				problems = append(problems, fmt.Sprintf("%q: job %q scrapes %s, but the binaries serve /metrics", p.Name, sc.JobName, mp))
+			}
+			if scheme := cmp.Or(sc.Scheme, "http"); scheme != "http" {
+				problems = append(problems, fmt.Sprintf("%q: job %q scrapes over %s, but the admin listeners speak plain http", p.Name, sc.JobName, scheme))
+			}
+			for _, st := range sc.StaticConfigs {
+				for _, target := range st.Targets {
+					got[target] = sc.JobName
+				}
+			}
+		}
+		for _, target := range slices.Sorted(maps.Keys(want)) {
+			if _, ok := got[target]; !ok {
+				problems = append(problems, fmt.Sprintf("%q: does not scrape %s, the admin listener there (%s)", p.Name, target, want[target]))
+			}
+		}
+		for _, target := range slices.Sorted(maps.Keys(got)) {
+			if _, ok := want[target]; !ok {
+				problems = append(problems, fmt.Sprintf("%q: job %q scrapes %s, which is no Go service's admin listener (those are %v)", p.Name, got[target], target, slices.Sorted(maps.Keys(want))))
+			}
+		}
+	}
+	return problems
+}
+
+// checkGrafana: Grafana starts with a data source for the profile's
+// Prometheus and with the dashboard, provisioned from files mounted into
+// the container, and lets whoever opens it view them without logging in,
+// but not change them.
+func checkGrafana(d *deployment) []string {
+	var problems []string
+	for _, g := range d.servicesOf(observabilityServices["grafana"]) {
+		env := getenvOf(g.Environment)
+		if env("GF_AUTH_ANONYMOUS_ENABLED") != "true" {
+			problems = append(problems, fmt.Sprintf("%q: GF_AUTH_ANONYMOUS_ENABLED is not \"true\": the dashboard would ask for a login", g.Name))
+		} else if role := cmp.Or(env("GF_AUTH_ANONYMOUS_ORG_ROLE"), "Viewer"); role != "Viewer" {
+			problems = append(problems, fmt.Sprintf("%q: GF_AUTH_ANONYMOUS_ORG_ROLE=%s lets anyone change the dashboard and the data source; want Viewer", g.Name, role))
+		}
+		provisioning := cmp.Or(env("GF_PATHS_PROVISIONING"), "/etc/grafana/provisioning")
+		uids, p := d.grafanaDatasources(g, path.Join(provisioning, "datasources"))
+		problems = append(problems, p...)
+		problems = append(problems, d.grafanaDashboards(g, path.Join(provisioning, "dashboards"), uids)...)
+	}
+	return problems
+}
+
+// provisioningFiles hands each YAML file Grafana finds in dir, a path in
+// its container, to each, with the host path it was read from.
+func (d *deployment) provisioningFiles(g types.ServiceConfig, dir string, each func(file string, text []byte) error) error {
+	host := d.hostPath(g, dir)
+	if host == "" {
+		return fmt.Errorf("nothing is mounted at %s", dir)
+	}
+	entries, err := os.ReadDir(host)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if ext := filepath.Ext(e.Name()); e.IsDir() || ext != ".yml" && ext != ".yaml" {
+			continue
+		}
+		file := filepath.Join(host, e.Name())
+		text, err := os.ReadFile(file)
+		if err == nil {
+			err = each(file, text)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+	}
+	return nil
+}
+
+// grafanaDatasources checks the provisioned data sources and returns the
+// uids of those that reach the profile's Prometheus.
+func (d *deployment) grafanaDatasources(g types.ServiceConfig, dir string) (map[string]bool, []string) {
+	var problems []string
+	uids := map[string]bool{}
+	err := d.provisioningFiles(g, dir, func(file string, text []byte) error {
+		var f struct {
+			Datasources []struct {
+				Name string `yaml:"name"`
+				UID  string `yaml:"uid"`
+				Type string `yaml:"type"`
+				URL  string `yaml:"url"`
+			} `yaml:"datasources"`
+		}
+		if err := yaml.Unmarshal(text, &f); err != nil {
+			return err
+		}
+		for _, ds := range f.Datasources {
+			if ds.Type != "prometheus" {
+				continue
+			}
+			u, err := url.Parse(ds.URL)
+			if err != nil {
+				return err
+			}
+			prom, ok := d.project.Services[u.Hostname()]
+			switch {
+			case !ok || imageRepo(prom.Image) != observabilityServices["prometheus"]:
+				problems = append(problems, fmt.Sprintf("%q: data source %q (%s) points at %q, which is not a service running Prometheus", g.Name, ds.Name, filepath.Base(file), u.Hostname()))
+			case u.Port() != prometheusPort:
+				problems = append(problems, fmt.Sprintf("%q: data source %q (%s) uses port %q, but Prometheus listens on %s", g.Name, ds.Name, filepath.Base(file), u.Port(), prometheusPort))
+			case ds.UID == "":
+				problems = append(problems, fmt.Sprintf("%q: data source %q (%s) has no uid, so the dashboard cannot name it", g.Name, ds.Name, filepath.Base(file)))
+			default:
+				uids[ds.UID] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		problems = append(problems, fmt.Sprintf("%q: data sources: %v", g.Name, err))
+	} else if len(uids) == 0 && len(problems) == 0 {
+		problems = append(problems, fmt.Sprintf("%q: no Prometheus data source is provisioned in %s", g.Name, dir))
+	}
+	return uids, problems
+}
+
+// grafanaDashboards checks that the dashboard providers load at least one
+// dashboard from a mounted folder, and that every data source a dashboard
+// names is one provisioned (uids).
+func (d *deployment) grafanaDashboards(g types.ServiceConfig, dir string, uids map[string]bool) []string {
+	var problems []string
+	dashboards := 0
+	err := d.provisioningFiles(g, dir, func(file string, text []byte) error {
+		var f struct {
+			Providers []struct {
+				Name    string `yaml:"name"`
+				Type    string `yaml:"type"`
+				Options struct {
+					Path string `yaml:"path"`
+				} `yaml:"options"`
+			} `yaml:"providers"`
+		}
+		if err := yaml.Unmarshal(text, &f); err != nil {
+			return err
+		}
+		for _, pr := range f.Providers {
+			host := d.hostPath(g, pr.Options.Path)
+			if host == "" {
+				problems = append(problems, fmt.Sprintf("%q: dashboard provider %q (%s) loads %s, where nothing is mounted", g.Name, pr.Name, filepath.Base(file), pr.Options.Path))
+				continue
+			}
+			files, err := filepath.Glob(filepath.Join(host, "*.json"))
+			if err != nil {
+				return err
+			}
+			for _, f := range files {
+				dashboards++
+				for _, uid := range dashboardDatasources(f) {
+					if !uids[uid] {
+						problems = append(problems, fmt.Sprintf("%q: dashboard %s names data source %q, which is not a provisioned Prometheus data source %v", g.Name, filepath.Base(f), uid, slices.Sorted(maps.Keys(uids))))
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		problems = append(problems, fmt.Sprintf("%q: dashboards: %v", g.Name, err))
+	} else if dashboards == 0 && len(problems) == 0 {
+		problems = append(problems, fmt.Sprintf("%q: no dashboard is provisioned (%s)", g.Name, dir))
+	}
+	return problems
+}
+
+// dashboardDatasources returns the uid of every data source a dashboard
+// JSON names, in the panels and in their queries; "invalid JSON" when it
+// cannot be read.
+func dashboardDatasources(file string) []string {
+	text, err := os.ReadFile(file)
+	var doc any
+	if err == nil {
+		err = json.Unmarshal(text, &doc)
+	}
+	if err != nil {
+		return []string{"(unreadable: " + err.Error() + ")"}
+	}
+	seen := map[string]bool{}
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if ds, ok := v["datasource"].(map[string]any); ok {
+				if uid, ok := ds["uid"].(string); ok {
+					seen[uid] = true
+				}
+			}
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(doc)
+	return slices.Sorted(maps.Keys(seen))
 }
 
 func portOf(addr string) (uint32, error) {

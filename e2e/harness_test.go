@@ -54,6 +54,9 @@ type scenarioOptions struct {
 	// flight, so that a random kill lands on one rather than on an idle
 	// process.
 	latency time.Duration
+	// otlp is an OTLP/HTTP endpoint every process exports its spans to
+	// (OTEL_EXPORTER_OTLP_ENDPOINT); "" leaves tracing off (trace_test.go).
+	otlp string
 }
 
 // The sender's tuning for the suite: fast polls and backoffs so that
@@ -106,6 +109,8 @@ type scenario struct {
 	senders        []*proc
 	usersAddr      string
 	studentAddr    string
+	usersAdmin     string // Users' admin listener (/metrics)
+	studentAdmin   string // Student's admin listener (/metrics)
 	toxi           *faultProxy
 	faults         *httpFaults // nil unless opts.httpFaults
 	client         *http.Client
@@ -210,11 +215,15 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 	}
 
 	s.usersAddr = freeAddr(t)
+	// Admin listeners on free ports too: their defaults (:8090, :8091)
+	// would collide between scenarios and with whatever else runs here.
+	s.usersAdmin = freeAddr(t)
 	s.users = s.newProc("users", bins.users, "http://"+s.usersAddr+"/readyz",
-		"USERS_HTTP_ADDR="+s.usersAddr, "USERS_INBOX_RETENTION=168h", "LOG_LEVEL=info",
+		"USERS_HTTP_ADDR="+s.usersAddr, "USERS_ADMIN_ADDR="+s.usersAdmin, "USERS_INBOX_RETENTION=168h", "LOG_LEVEL=info",
 		"USERS_DATABASE_URL="+asRole(t, usersDBURL, migrations.UsersApp),
 		"USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.UsersApp),
 		"USERS_API_TOKENS="+usersTokens)
+	s.users.env = append(s.users.env, s.tracingEnv()...)
 	var usersExtra []string
 	if def.opts.usersCrash != "" {
 		usersExtra = append(usersExtra, "CRASH_POINT="+def.opts.usersCrash)
@@ -236,10 +245,12 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 	}
 
 	s.studentAddr = freeAddr(t)
+	s.studentAdmin = freeAddr(t)
 	s.student = s.newProc("student", bins.student, "http://"+s.studentAddr+"/readyz",
-		"STUDENT_HTTP_ADDR="+s.studentAddr, "LOG_LEVEL=info",
+		"STUDENT_HTTP_ADDR="+s.studentAddr, "STUDENT_ADMIN_ADDR="+s.studentAdmin, "LOG_LEVEL=info",
 		"STUDENT_DATABASE_URL="+asRole(t, s.studentURL, migrations.StudentApp),
 		"STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.StudentApp))
+	s.student.env = append(s.student.env, s.tracingEnv()...)
 	s.startProc(s.student)
 
 	for range def.opts.senders {
@@ -368,6 +379,7 @@ func (s *scenario) newSender() *proc {
 		"SENDER_USERS_TOKEN=" + senderToken,
 		"LOG_LEVEL=info",
 	}, senderTuning...)
+	env = append(env, s.tracingEnv()...)
 	p := s.newProc("sender-"+strconv.Itoa(n), s.bins.sender, "http://"+admin+"/readyz", env...)
 	s.senders = append(s.senders, p)
 	return p

@@ -93,6 +93,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 			serving: map[string]string{
 				"STUDENT_DATABASE_URL": pgtest.RoleURL(t, studentDB, migrations.StudentApp),
 				"STUDENT_HTTP_ADDR":    free,
+				"STUDENT_ADMIN_ADDR":   apitest.FreeAddr(t),
 			},
 			get:  []string{"/students", "/students/00000000-0000-0000-0000-000000000000", "/readyz", "/nope"},
 			post: `{"name":"Ada Lovelace","email":"ada@example.com","document_number":"SECRETS-1"}`,
@@ -116,6 +117,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				"USERS_DATABASE_URL":    pgtest.RoleURL(t, usersDB, migrations.UsersApp),
 				"USERS_API_TOKENS_FILE": tokensFile,
 				"USERS_HTTP_ADDR":       free,
+				"USERS_ADMIN_ADDR":      apitest.FreeAddr(t),
 			},
 			get: []string{"/users/00000000-0000-0000-0000-000000000000", "/readyz", "/nope"},
 		},

@@ -55,6 +55,10 @@ var roleCases = []roleCase{
 				ON CONFLICT (document_number) DO NOTHING RETURNING id, name, email, document_number, user_id, created_at, updated_at`,
 			`INSERT INTO outbox (idempotency_key, operation, student_id, payload)
 				VALUES (gen_random_uuid(), 'create-user', '` + studentID + `', '{}') ON CONFLICT DO NOTHING`,
+			// With the request's trace context (00005_outbox_trace_parent.sql).
+			`INSERT INTO outbox (idempotency_key, operation, student_id, payload, trace_parent)
+				VALUES (gen_random_uuid(), 'create-user', '` + studentID + `', '{}', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')
+				ON CONFLICT DO NOTHING`,
 			`SELECT s.*, o.state, o.attempts, o.reason_class, o.redrives, o.redriven_at
 				FROM students s LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'`,
 			`INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('k2', '\x00', '{}')`,
@@ -70,6 +74,7 @@ var roleCases = []roleCase{
 			// The sender's side of the outbox, and what is for operators.
 			`SELECT last_error FROM outbox`,
 			`SELECT payload FROM outbox`,
+			`SELECT trace_parent FROM outbox`,
 			`UPDATE outbox SET state = 'delivered'`,
 			`DELETE FROM outbox`,
 			`SELECT * FROM outbox_events`,
@@ -109,6 +114,8 @@ var roleCases = []roleCase{
 			`INSERT INTO outbox (idempotency_key, operation, student_id, payload) VALUES (gen_random_uuid(), 'create-user', '` + studentID + `', '{}')`,
 			`UPDATE outbox SET payload = '{}'`,
 			`UPDATE outbox SET student_id = '` + studentID + `'`,
+			// The trace context is the request's, as it was when written.
+			`UPDATE outbox SET trace_parent = NULL`,
 			// Client keys are Student's.
 			`SELECT * FROM inbox`,
 			`DELETE FROM inbox`,

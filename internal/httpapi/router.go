@@ -13,6 +13,9 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxref/outboxref/internal/telemetry"
 )
 
 // NewRouter returns a router with what every HTTP server of the project
@@ -21,11 +24,26 @@ import (
 // refused, /healthz, /readyz backed by ping, and the page of every
 // problem type under /problems.
 func NewRouter(log *slog.Logger, ping func(context.Context) error) chi.Router {
+	return newRouter(log, ping, telemetry.Middleware)
+}
+
+// NewPublicRouter is NewRouter for an API open to the internet, such as
+// Student's: its requests start traces of their own rather than continue
+// whatever trace a caller claims (telemetry.PublicMiddleware).
+func NewPublicRouter(log *slog.Logger, ping func(context.Context) error) chi.Router {
+	return newRouter(log, ping, telemetry.PublicMiddleware)
+}
+
+func newRouter(log *slog.Logger, ping func(context.Context) error, traced func(http.Handler) http.Handler) chi.Router {
 	r := chi.NewRouter()
+	// The request's span comes first, so that everything below, the log
+	// line included, runs inside it.
+	r.Use(traced)
 	// HEAD is answered wherever GET is (net/http drops the body).
 	// A repeated query parameter is refused before routing, so no handler
-	// can quietly take one of its values.
-	r.Use(LogRequests(log), recoverPanics, middleware.GetHead, rejectRepeatedQuery)
+	// can quietly take one of its values. The request id is assigned
+	// before LogRequests, whose line carries it.
+	r.Use(AssignRequestID, LogRequests(log), recoverPanics, middleware.GetHead, rejectRepeatedQuery)
 	r.NotFound(notFound)
 	r.MethodNotAllowed(methodNotAllowed(r))
 	r.Get("/healthz", Handle(healthz))
@@ -142,7 +160,9 @@ func noteCaller(r *http.Request, caller string) {
 // LogRequests logs one line per request when it ends: at debug level, or
 // at error level with the cause for a 5xx (at info, marked client_gone,
 // when the 5xx is the client's own hang-up). It is the only place a failed
-// request is logged.
+// request is logged. The line carries the request id (AssignRequestID) and,
+// when the request is traced, the trace id, so that one request can be
+// followed into the caller's log and into its trace.
 func LogRequests(log *slog.Logger) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -154,6 +174,15 @@ func LogRequests(log *slog.Logger) func(http.Handler) http.Handler {
 			attrs := []slog.Attr{
 				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", sw.status),
 				slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+			}
+			if id := RequestIDFrom(r.Context()); id != "" {
+				attrs = append(attrs, slog.String("request_id", id))
+			}
+			// The span is the one the tracing middleware, outside this
+			// one, started for the request: its trace id leads from this
+			// line to the whole operation's trace.
+			if sc := trace.SpanContextFromContext(r.Context()); sc.IsValid() {
+				attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))
 			}
 			if rl.caller != "" {
 				attrs = append(attrs, slog.String("caller", rl.caller))

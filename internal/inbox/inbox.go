@@ -162,6 +162,8 @@ func New(pool *pgxpool.Pool) *Inbox {
 // unique index does the waiting) and then replays its outcome; if the wait
 // exceeds LockTimeout the error is ErrKeyInProgress.
 func (ib *Inbox) Do(ctx context.Context, key Key, req Request, op Op) (out Outcome, replayed bool, err error) {
+	ctx, span := startSpan(ctx, key)
+	defer func() { endSpan(span, out, replayed, err) }()
 	claim := &inboxdb.ClaimKeyParams{
 		Caller: key.Caller, IdempotencyKey: key.Value, RequestHash: req.Fingerprint(), Request: req.canonical(),
 	}

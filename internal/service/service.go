@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/telemetry"
 )
 
 // Binary describes one binary.
@@ -121,6 +123,24 @@ func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error 
 	if ok {
 		return command(ctx, pool, args[1:], stdout)
 	}
+	// Tracing (off unless OTEL_EXPORTER_OTLP_* asks for it) serves the
+	// running process only; subcommands are not traced.
+	// From the process's environment, not Run's getenv: the OpenTelemetry
+	// SDK reads the rest of its OTEL_* variables (endpoint, headers,
+	// sampler) from there itself, and the switch must agree with them.
+	shutdownTracing, err := telemetry.Setup(ctx, log, b.Name, os.Getenv)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// The parts have stopped: flush the spans they left queued, but
+		// not for long, since a missing collector must not hold the stop.
+		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(flushCtx); err != nil {
+			log.Warn("tracing: spans lost at shutdown", slog.String("error", err.Error()))
+		}
+	}()
 	return runParts(ctx, b.Start(log, pool))
 }
 

@@ -6,10 +6,8 @@ import (
 	"log/slog"
 	"net/url"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/service"
@@ -39,12 +37,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			log = log.With(slog.String("sender_id", cfg.ID))
 			s := New(log, pool, cfg)
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(s.Collectors()...)
-			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-			admin := httpapi.NewRouter(log, pool.Ping)
-			admin.Get("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP)
-			AdminRoutes(admin, NewOperator(pool, "admin-api@"+cfg.ID, cfg.DatabaseTimeout))
+			admin := adminRouter(log, pool, s, cfg)
 
 			log.Info("sender starting", slog.String("users_url", redacted(cfg.UsersURL)), slog.Int("batch_size", cfg.BatchSize),
 				slog.Int("concurrency", cfg.Concurrency), slog.Duration("lease", cfg.Lease))
@@ -57,6 +50,18 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			}
 		},
 	}.Run(ctx, args, stdout)
+}
+
+// adminRouter is the admin listener's router: /healthz, /readyz, /metrics
+// and the operator's outbox routes.
+func adminRouter(log *slog.Logger, pool *pgxpool.Pool, s *Sender, cfg Config) chi.Router {
+	admin := httpapi.NewRouter(log, pool.Ping)
+	// A scrape never fails whole: the outbox's figures leave themselves
+	// out while the database is down (outboxCollector), and MetricsRoute
+	// covers any other collector that fails.
+	httpapi.MetricsRoute(admin, log, httpapi.NewRegistry(s.Collectors()...))
+	AdminRoutes(admin, NewOperator(pool, "admin-api@"+cfg.ID, cfg.DatabaseTimeout))
+	return admin
 }
 
 // redacted is u with any password in it masked: the address of Users is

@@ -65,13 +65,16 @@ func TestRunDeliversAndStops(t *testing.T) {
 	// database can be a moment ahead of the scrape: wait for it.
 	require.Eventually(t, func() bool {
 		m := string(apitest.Do(t, http.MethodGet, "http://"+admin+"/metrics", "").Body)
-		return strings.Contains(m, `outbox_sender_results_total{verdict="delivered"} 3`)
+		return strings.Contains(m, `outbox_sender_results_total{reason_class="none",verdict="delivered"} 3`)
 	}, 5*time.Second, 10*time.Millisecond)
 	m := string(apitest.Do(t, http.MethodGet, "http://"+admin+"/metrics", "").Body)
 	require.Contains(t, m, `outbox_rows{state="delivered"} 3`)
 	require.Contains(t, m, `outbox_rows{state="pending"} 0`)
 	require.Contains(t, m, "outbox_sender_claimed_total 3")
 	require.Contains(t, m, "outbox_oldest_pending_age_seconds 0")
+	require.Contains(t, m, "outbox_stats_read_ok 1")
+	require.Contains(t, m, "outbox_sender_delivery_lag_seconds_count 3")
+	require.Contains(t, m, "outbox_sender_settled_row_attempts_count 3")
 	// The admin listener is built like the services': /metrics is a GET
 	// route (405 with Allow otherwise), and the problem pages are served.
 	post := apitest.Do(t, http.MethodPost, "http://"+admin+"/metrics", "{}")

@@ -40,6 +40,7 @@ import (
 	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/telemetry"
 	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
 )
 
@@ -84,6 +85,7 @@ type result struct {
 	class   string // why it failed, for retry and dead: one of the Reason constants
 	err     string
 	delay   time.Duration
+	status  int // Users' HTTP status; 0 when there was no answer
 }
 
 // Run delivers rows until ctx ends. Then it stops claiming, hands back the
@@ -106,7 +108,7 @@ func (s *Sender) Run(ctx context.Context) error {
 					results <- result{row: row, verdict: release}
 					continue
 				}
-				results <- s.deliver(ctx, row)
+				results <- s.attempt(ctx, row)
 			}
 		})
 	}
@@ -280,7 +282,15 @@ func take(tokens chan struct{}, limit int) int {
 }
 
 // deliver sends one row to Users and judges the answer.
-func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
+func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) (res result) {
+	// One span per attempt, continuing the trace stored with the row, so
+	// that retries hours apart land in the trace of the request that wrote
+	// it.
+	ctx, endSpan := telemetry.StartDelivery(ctx, telemetry.Delivery{
+		Operation: row.Operation, OutboxID: row.ID, StudentID: row.StudentID.String(),
+		IdempotencyKey: row.IdempotencyKey.String(), Attempt: int(row.Attempts), TraceParent: row.TraceParent.String,
+	})
+	defer func() { endSpan(res.verdict.String(), res.class, res.err) }()
 	if row.Expired {
 		return result{row: row, verdict: dead, class: ReasonExpired,
 			err: fmt.Sprintf("gave up: the operation is older than SENDER_MAX_AGE=%s", s.cfg.MaxAge)}
@@ -295,8 +305,10 @@ func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", row.IdempotencyKey.String())
+	req.Header.Set("X-Request-Id", requestID(row))
 	// Users scopes the key to the caller this token names.
 	req.Header.Set("Authorization", "Bearer "+string(s.cfg.UsersToken))
+	telemetry.Inject(rctx, req.Header) // traceparent: Users continues the attempt's span
 	// Go's Transport re-sends a request whose reused connection broke before
 	// the answer, unseen, when it deems the request replayable, which the
 	// Idempotency-Key header makes it (net/http: Request.isReplayable). Such
@@ -316,7 +328,9 @@ func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
 	if err != nil {
 		return s.retryOrDie(row, ReasonUsersUnreachable, fmt.Sprintf("POST /users: read answer: %v", err), 0)
 	}
-	return s.judge(row, resp, body)
+	r := s.judge(ctx, row, resp, body)
+	r.status = resp.StatusCode // for the delivery's log line
+	return r
 }
 
 // judge classifies Users' answer. Only an answer that cannot change on a
@@ -325,7 +339,7 @@ func (s *Sender) deliver(ctx context.Context, row outboxdb.ClaimDueRow) result {
 // is retried: no answer, 5xx, 408, 429, a key still in progress, and also
 // any other 4xx, which more likely comes from a misrouted URL or a proxy
 // mid-deploy than from Users, and must not dead-letter the whole outbox.
-func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byte) result {
+func (s *Sender) judge(ctx context.Context, row outboxdb.ClaimDueRow, resp *http.Response, body []byte) result {
 	code := resp.StatusCode
 	if code >= 200 && code < 300 {
 		var created struct {
@@ -353,7 +367,7 @@ func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byt
 		return result{row: row, verdict: dead, class: ReasonKeyReused, err: why}
 	}
 	if code == http.StatusUnauthorized || code == http.StatusForbidden {
-		return s.authRefused(row, code, why, s.retryAfter(resp))
+		return s.authRefused(ctx, row, code, why, s.retryAfter(resp))
 	}
 	class := ReasonUnexpectedAnswer
 	switch {
@@ -378,13 +392,13 @@ func (s *Sender) judge(row outboxdb.ClaimDueRow, resp *http.Response, body []byt
 // have created the user and lost its answer, which Users remembers under the
 // key for USERS_INBOX_RETENTION only. Retrying past the age limit could
 // then create a second user.
-func (s *Sender) authRefused(row outboxdb.ClaimDueRow, code int, why string, atLeast time.Duration) result {
+func (s *Sender) authRefused(ctx context.Context, row outboxdb.ClaimDueRow, code int, why string, atLeast time.Duration) result {
 	s.metrics.authFailures.WithLabelValues(strconv.Itoa(code)).Inc()
 	if refused, ok := s.authAlarm.ring(time.Now(), authAlarmEvery); ok {
 		// The token is never logged; the URL and the status say where to look.
-		s.log.Error("Users refused the sender's credentials: misconfiguration, SENDER_USERS_TOKEN is missing, wrong, or not among Users' USERS_API_TOKENS; rows are retried, not dead-lettered, until it is fixed",
-			slog.Int("status", code), slog.String("users_url", redacted(s.cfg.UsersURL)), slog.Int64("outbox_id", row.ID),
-			slog.Int("refused_since_last_log", refused))
+		s.log.LogAttrs(ctx, slog.LevelError, "Users refused the sender's credentials: misconfiguration, SENDER_USERS_TOKEN is missing, wrong, or not among Users' USERS_API_TOKENS; rows are retried, not dead-lettered, until it is fixed",
+			append(deliveryAttrs(row), slog.Int("status", code), slog.String("users_url", redacted(s.cfg.UsersURL)),
+				slog.Int("refused_since_last_log", refused))...)
 	}
 	why += ": Users refused the sender's credentials (check SENDER_USERS_TOKEN)"
 	return s.retryOrDie(row, ReasonUsersAuthRefused, why, atLeast)
@@ -531,7 +545,7 @@ func (s *Sender) record(ctx context.Context, batch []result) {
 		if err == nil {
 			return
 		}
-		s.log.Error("record delivery results", slog.Int("rows", len(batch)), slog.Int("attempt", attempt), slog.String("error", err.Error()))
+		s.log.Error("record delivery results", slog.Int("rows", len(batch)), slog.Int("write_attempt", attempt), slog.String("error", err.Error()))
 		if attempt == 5 || ctx.Err() != nil {
 			s.log.Warn("leaving rows to their leases", slog.Int("rows", len(batch)))
 			return
@@ -578,14 +592,18 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 	}
 	var (
 		conflicts []conflict
-		// applied holds the rows whose retry or dead-letter this sender
-		// wrote; one whose lease another sender took over was not.
+		// applied holds the rows whose settlement this sender wrote: a
+		// delivery it marked, a retry or dead-letter it wrote. A retry or
+		// dead-letter whose lease another sender took over was not; nor was
+		// a delivery another sender had recorded first.
 		applied map[int64]bool
+		// released is how many rows the sender handed back.
+		released int64
 	)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		conflicts, applied = nil, map[int64]bool{} // a retried transaction starts over
+		conflicts, applied, released = nil, map[int64]bool{}, 0 // a retried transaction starts over
 		if len(link.StudentIds) > 0 {
-			c, err := s.link(ctx, tx, link, linkRows, &deaths)
+			c, err := s.link(ctx, tx, link, linkRows, &deaths, applied)
 			if err != nil {
 				return err
 			}
@@ -610,9 +628,11 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 			}
 		}
 		if len(releases.Ids) > 0 {
-			if _, err := s.q.Release(ctx, tx, releases); err != nil {
+			n, err := s.q.Release(ctx, tx, releases)
+			if err != nil {
 				return fmt.Errorf("release rows: %w", err)
 			}
+			released = n
 		}
 		crashpoint.Pause(crashpoint.SenderInRecord)
 		return s.recordHistory(ctx, tx, batch, conflicts, applied)
@@ -620,41 +640,66 @@ func (s *Sender) write(ctx context.Context, batch []result) error {
 	if err != nil {
 		return err
 	}
-	for _, r := range batch {
-		s.metrics.results.WithLabelValues(r.verdict.String()).Inc()
-		if r.verdict == dead && applied[r.row.ID] {
-			s.metrics.dead.WithLabelValues(r.class).Inc()
-			s.log.Warn("outbox row dead-lettered", slog.Int64("outbox_id", r.row.ID),
-				slog.String("student_id", r.row.StudentID.String()), slog.String("idempotency_key", r.row.IdempotencyKey.String()),
-				slog.String("reason_class", r.class), slog.String("error", r.err))
-		}
-	}
+	// Counted only now that the answers are committed, and only what this
+	// transaction applied, so that each settlement counts once across
+	// senders.
+	recorded := time.Now()
+	conflicted := make(map[int64]conflict, len(conflicts))
 	for _, c := range conflicts {
-		s.metrics.dead.WithLabelValues(ReasonConflict).Inc()
-		s.log.Error("student linked to a different user", slog.String("student_id", c.student.String()),
-			slog.String("answered_user_id", c.user.String()), slog.Int64("outbox_id", c.outboxID))
+		conflicted[c.row.ID] = c
+		// Logged even when another sender had settled the row meanwhile:
+		// the student's link contradicts Users either way.
+		s.log.LogAttrs(ctx, slog.LevelError, "student linked to a different user",
+			append(deliveryAttrs(c.row), slog.String("answered_user_id", c.user.String()))...)
+	}
+	if released > 0 {
+		s.metrics.results.WithLabelValues(release.String(), reasonLabel("")).Add(float64(released))
+	}
+	for _, r := range batch {
+		v, class := r.verdict, r.class
+		if v == release {
+			continue // counted above
+		}
+		_, isConflict := conflicted[r.row.ID]
+		if isConflict {
+			v, class = dead, ReasonConflict
+		}
+		if !applied[r.row.ID] {
+			s.log.LogAttrs(ctx, slog.LevelDebug, "answer not recorded: another sender holds or settled the row",
+				append(deliveryAttrs(r.row), slog.String("verdict", v.String()))...)
+			continue
+		}
+		s.metrics.settled(v, class, r.row, recorded)
+		if v == dead && !isConflict { // a conflict has its own line, above
+			s.log.LogAttrs(ctx, slog.LevelWarn, "outbox row dead-lettered",
+				append(deliveryAttrs(r.row), slog.String("reason_class", class), slog.String("error", r.err))...)
+		}
 	}
 	return nil
 }
 
 type conflict struct {
-	student, user uuid.UUID
-	outboxID      int64
+	row  outboxdb.ClaimDueRow
+	user uuid.UUID // the user Users answered with
 }
 
 // link records user ids on their students and marks those rows delivered,
-// in one statement. A student already linked to a different user is never
-// overwritten: its row is added to deaths with the reason (unfenced: the
-// answer is a fact about the key, not the lease) and returned for logging.
+// in one statement; the rows it marked go into applied. A student already
+// linked to a different user is never overwritten: its row is added to
+// deaths with the reason (unfenced: the answer is a fact about the key, not
+// the lease) and returned for logging.
 func (s *Sender) link(ctx context.Context, tx pgx.Tx, link outboxdb.LinkStudentsParams,
-	rows map[uuid.UUID]outboxdb.ClaimDueRow, deaths *outboxdb.MarkDeadParams) ([]conflict, error) {
+	rows map[uuid.UUID]outboxdb.ClaimDueRow, deaths *outboxdb.MarkDeadParams, applied map[int64]bool) ([]conflict, error) {
 	linked, err := s.q.LinkStudents(ctx, tx, link)
 	if err != nil {
 		return nil, fmt.Errorf("link students: %w", err)
 	}
 	done := make(map[uuid.UUID]bool, len(linked))
-	for _, id := range linked {
-		done[id] = true
+	for _, l := range linked {
+		done[l.StudentID] = true
+		if l.Marked {
+			applied[rows[l.StudentID].ID] = true
+		}
 	}
 	var conflicts []conflict
 	for i, sid := range link.StudentIds {
@@ -662,7 +707,7 @@ func (s *Sender) link(ctx context.Context, tx pgx.Tx, link outboxdb.LinkStudents
 			continue
 		}
 		row := rows[sid]
-		conflicts = append(conflicts, conflict{student: sid, user: link.UserIds[i], outboxID: row.ID})
+		conflicts = append(conflicts, conflict{row: row, user: link.UserIds[i]})
 		deaths.Ids = append(deaths.Ids, row.ID)
 		deaths.LeaseTokens = append(deaths.LeaseTokens, uuid.Nil)
 		deaths.Errors = append(deaths.Errors, conflictError(link.UserIds[i]))
@@ -686,7 +731,7 @@ const historyKeep = 20
 func (s *Sender) recordHistory(ctx context.Context, tx pgx.Tx, batch []result, conflicts []conflict, applied map[int64]bool) error {
 	conflicted := make(map[int64]conflict, len(conflicts))
 	for _, c := range conflicts {
-		conflicted[c.outboxID] = c
+		conflicted[c.row.ID] = c
 	}
 	ev := outboxdb.RecordEventsParams{Kind: "attempt", Actor: s.cfg.ID, Keep: historyKeep}
 	for _, r := range batch {

@@ -16,7 +16,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
@@ -93,7 +95,28 @@ func run(t *testing.T, pool *pgxpool.Pool, cfg Config) *running {
 }
 
 func (r *running) results(verdict string) int {
-	return int(testutil.ToFloat64(r.metrics.results.WithLabelValues(verdict)))
+	return results(r.metrics, verdict)
+}
+
+// results sums outbox_sender_results_total over reason classes for one
+// verdict.
+func results(m *metrics, verdict string) int {
+	ch := make(chan prometheus.Metric)
+	go func() {
+		m.results.Collect(ch)
+		close(ch)
+	}()
+	total := 0.0
+	for metric := range ch {
+		var d dto.Metric
+		_ = metric.Write(&d) // a counter's Write cannot fail
+		for _, l := range d.GetLabel() {
+			if l.GetName() == "verdict" && l.GetValue() == verdict {
+				total += d.GetCounter().GetValue()
+			}
+		}
+	}
+	return int(total)
 }
 
 func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
@@ -115,11 +138,13 @@ type fakeUsers struct {
 	seen   map[string]int
 	ids    map[string]uuid.UUID
 	bodies map[string]string
-	answer func(w http.ResponseWriter, r *http.Request, key string, n int) bool
+	// requestIDs holds the X-Request-Id of each delivery of a key, in order.
+	requestIDs map[string][]string
+	answer     func(w http.ResponseWriter, r *http.Request, key string, n int) bool
 }
 
 func newFakeUsers(t *testing.T, answer func(w http.ResponseWriter, r *http.Request, key string, n int) bool) (*fakeUsers, string) {
-	f := &fakeUsers{seen: map[string]int{}, ids: map[string]uuid.UUID{}, bodies: map[string]string{}, answer: answer}
+	f := &fakeUsers{seen: map[string]int{}, ids: map[string]uuid.UUID{}, bodies: map[string]string{}, requestIDs: map[string][]string{}, answer: answer}
 	ts := httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(ts.Close)
 	return f, ts.URL
@@ -132,6 +157,7 @@ func (f *fakeUsers) serve(w http.ResponseWriter, r *http.Request) {
 	f.seen[key]++
 	n := f.seen[key]
 	f.bodies[key] = string(body)
+	f.requestIDs[key] = append(f.requestIDs[key], r.Header.Get("X-Request-Id"))
 	if _, ok := f.ids[key]; !ok {
 		f.ids[key] = uuid.New()
 	}
@@ -157,6 +183,12 @@ func (f *fakeUsers) idFor(key string) uuid.UUID {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.ids[key]
+}
+
+func (f *fakeUsers) requestIDsFor(key string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.requestIDs[key]...)
 }
 
 func (f *fakeUsers) bodyFor(key string) string {
@@ -610,8 +642,8 @@ func TestAuthRefusedIsRetriedNeverDead(t *testing.T) {
 	})
 	require.NoError(t, stop())
 	require.Equal(t, refusals+1, count(t, pool, "SELECT attempts FROM outbox"))
-	require.Zero(t, testutil.ToFloat64(s.metrics.results.WithLabelValues("dead")))
-	require.InDelta(t, refusals, testutil.ToFloat64(s.metrics.results.WithLabelValues("retry")), 0)
+	require.Zero(t, results(s.metrics, "dead"))
+	require.InDelta(t, refusals, testutil.ToFloat64(s.metrics.results.WithLabelValues("retry", ReasonUsersAuthRefused)), 0)
 	require.InDelta(t, refusals-1, testutil.ToFloat64(s.metrics.authFailures.WithLabelValues("401")), 0)
 	require.InDelta(t, 1, testutil.ToFloat64(s.metrics.authFailures.WithLabelValues("403")), 0)
 	require.Equal(t, refusals, count(t, pool, "SELECT count(*) FROM outbox_events WHERE reason_class = $1", ReasonUsersAuthRefused))

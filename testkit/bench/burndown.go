@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -444,12 +445,21 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 		if err != nil {
 			return fmt.Errorf("link students: %w", err)
 		}
-		linked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		// Each row: the student linked, and whether its outbox row was
+		// marked delivered by this statement.
+		marked, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (bool, error) {
+			var (
+				student uuid.UUID
+				m       bool
+			)
+			err := row.Scan(&student, &m)
+			return m, err
+		})
 		if err != nil {
 			return fmt.Errorf("link students: %w", err)
 		}
-		if len(linked) != len(batch) {
-			return fmt.Errorf("link students: %d of %d linked", len(linked), len(batch))
+		if n := len(marked); n != len(batch) || slices.Contains(marked, false) {
+			return fmt.Errorf("link students: %d of %d linked, not all marked delivered", n, len(batch))
 		}
 		if args, err = events.args(map[string]any{
 			"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep), "kind": "attempt", "actor": "bench-bound", "attempts": attempts,

@@ -191,6 +191,7 @@ func (b *bench) intakeBound(ctx context.Context, cfg intakeConfig) (float64, err
 			args, err := insert.args(map[string]any{
 				"id": uuid.Must(uuid.NewV7()), "name": p.Name, "email": p.Email, "document_number": p.DocumentNumber,
 				"idempotency_key": uuid.New(), "operation": "create-user", "payload": payload,
+				"trace_parent": "", // the bound runs untraced, as the shipped defaults do
 			})
 			if err != nil {
 				return inbox.Outcome{}, err

@@ -22,7 +22,7 @@ import (
 // run by internal/inbox itself (intakeBound, burndownBound), not loaded
 // here.
 var neededQueries = map[string][]string{
-	"InsertStudentWithOutbox": {"id", "name", "email", "document_number", "idempotency_key", "operation", "payload"},
+	"InsertStudentWithOutbox": {"id", "name", "email", "document_number", "idempotency_key", "operation", "payload", "trace_parent"},
 	"InsertUser":              {"id", "name", "email", "document_number"},
 	"ClaimDue":                {"lease", "claimed_by", "batch_size", "max_age"},
 	"LinkStudents":            {"outbox_ids", "student_ids", "user_ids"},

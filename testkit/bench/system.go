@@ -206,6 +206,9 @@ type system struct {
 
 	student, users, sender          *proc
 	studentAddr, usersAddr, admAddr string // listen addresses, 127.0.0.1:port
+	// Student's and Users' admin listeners (/metrics), unused by the
+	// bench but given free ports so that no two systems collide.
+	studentAdmAddr, usersAdmAddr string
 }
 
 // which of the binaries to start.
@@ -236,7 +239,7 @@ func (b *bench) start(ctx context.Context, d *databases, w which, extra map[stri
 // newSystem picks the listen addresses; nothing runs yet.
 func (b *bench) newSystem(d *databases, extra map[string][]string) (*system, error) {
 	s := &system{b: b, d: d, n: b.next(), extra: extra}
-	for _, addr := range []*string{&s.studentAddr, &s.usersAddr, &s.admAddr} {
+	for _, addr := range []*string{&s.studentAddr, &s.usersAddr, &s.admAddr, &s.studentAdmAddr, &s.usersAdmAddr} {
 		a, err := freePort()
 		if err != nil {
 			return nil, err
@@ -264,6 +267,7 @@ func (s *system) launch(ctx context.Context, bin string) error {
 		slot, ready = &s.users, "http://"+s.usersAddr+"/readyz"
 		env = []string{
 			"USERS_HTTP_ADDR=" + s.usersAddr,
+			"USERS_ADMIN_ADDR=" + s.usersAdmAddr,
 			"USERS_DATABASE_URL=" + b.dbURL(d.users, migrations.UsersApp, ""),
 			"USERS_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.UsersApp],
 			"USERS_API_TOKENS=" + senderCaller + ":" + senderToken,
@@ -272,6 +276,7 @@ func (s *system) launch(ctx context.Context, bin string) error {
 		slot, ready = &s.student, s.studentURL()+"/readyz"
 		env = []string{
 			"STUDENT_HTTP_ADDR=" + s.studentAddr,
+			"STUDENT_ADMIN_ADDR=" + s.studentAdmAddr,
 			"STUDENT_DATABASE_URL=" + b.dbURL(d.student, migrations.StudentApp, ""),
 			"STUDENT_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.StudentApp],
 		}

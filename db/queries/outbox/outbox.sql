@@ -29,7 +29,7 @@ FROM (
 ) due, no_flush_wait
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
-          o.lease_token::uuid AS lease_token, o.created_at,
+          o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           -- Judged by the database's clock, which wrote age_from (the
           -- row's creation, or its last redrive).
           (o.age_from + @max_age::interval < now())::boolean AS expired;
@@ -40,7 +40,9 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
 -- students it linked delivered: one statement, so one round trip, for the
 -- whole of a delivery's bookkeeping. The student ids that come back were
 -- linked (or already held that same user); the caller treats the rest as
--- conflicts.
+-- conflicts. marked says whether this statement settled the student's row:
+-- false when it was delivered already (by another sender whose lease this
+-- one outlived), so that each settlement is counted once.
 --
 -- Marking takes no lease check: any answer for this key is the answer, even
 -- from a sender whose lease ran out, because Users replays the same result
@@ -62,8 +64,11 @@ WITH answers AS (
         reason_class = NULL
     FROM answers a JOIN linked l ON l.id = a.student_id
     WHERE o.id = a.outbox_id AND o.state <> 'delivered'
+    RETURNING o.id
 )
-SELECT id FROM linked;
+SELECT l.id AS student_id,
+       EXISTS (SELECT 1 FROM delivered d JOIN answers a ON a.outbox_id = d.id WHERE a.student_id = l.id)::boolean AS marked
+FROM linked l;
 
 -- name: ScheduleRetries :many
 -- Only the holder of the current lease may reschedule a row; a sender whose

@@ -7,15 +7,17 @@
 -- comes back and the handler answers 409. PostgreSQL runs a data-modifying
 -- WITH to completion whether or not the main query reads it, so the outbox
 -- row is written although only the student is returned (student_app may not
--- read the outbox row back: its payload is the sender's).
+-- read the outbox row back: its payload is the sender's). trace_parent is
+-- the request's W3C traceparent, '' (stored as NULL) when tracing is off:
+-- the sender continues that trace on every delivery attempt.
 WITH student AS (
     INSERT INTO students (id, name, email, document_number)
     VALUES (@id, @name, @email, @document_number)
     ON CONFLICT (document_number) DO NOTHING
     RETURNING id, name, email, document_number, user_id, created_at, updated_at
 ), outbox_row AS (
-    INSERT INTO outbox (idempotency_key, operation, student_id, payload)
-    SELECT @idempotency_key::uuid, @operation::text, student.id, @payload::jsonb
+    INSERT INTO outbox (idempotency_key, operation, student_id, payload, trace_parent)
+    SELECT @idempotency_key::uuid, @operation::text, student.id, @payload::jsonb, NULLIF(@trace_parent::text, '')
     FROM student
 )
 SELECT id, name, email, document_number, user_id, created_at, updated_at

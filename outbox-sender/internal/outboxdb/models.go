@@ -44,6 +44,7 @@ type Outbox struct {
 	Redrives       int32
 	RedrivenAt     pgtype.Timestamptz
 	StateAt        pgtype.Timestamptz
+	TraceParent    pgtype.Text
 }
 
 type OutboxEvent struct {

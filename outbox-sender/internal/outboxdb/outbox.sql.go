@@ -30,7 +30,7 @@ FROM (
 ) due, no_flush_wait
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
-          o.lease_token::uuid AS lease_token, o.created_at,
+          o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           -- Judged by the database's clock, which wrote age_from (the
           -- row's creation, or its last redrive).
           (o.age_from + $4::interval < now())::boolean AS expired
@@ -52,6 +52,7 @@ type ClaimDueRow struct {
 	Attempts       int32
 	LeaseToken     uuid.UUID
 	CreatedAt      time.Time
+	TraceParent    pgtype.Text
 	Expired        bool
 }
 
@@ -92,6 +93,7 @@ func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]
 			&i.Attempts,
 			&i.LeaseToken,
 			&i.CreatedAt,
+			&i.TraceParent,
 			&i.Expired,
 		); err != nil {
 			return nil, err
@@ -120,8 +122,11 @@ WITH answers AS (
         reason_class = NULL
     FROM answers a JOIN linked l ON l.id = a.student_id
     WHERE o.id = a.outbox_id AND o.state <> 'delivered'
+    RETURNING o.id
 )
-SELECT id FROM linked
+SELECT l.id AS student_id,
+       EXISTS (SELECT 1 FROM delivered d JOIN answers a ON a.outbox_id = d.id WHERE a.student_id = l.id)::boolean AS marked
+FROM linked l
 `
 
 type LinkStudentsParams struct {
@@ -130,31 +135,38 @@ type LinkStudentsParams struct {
 	UserIds    []uuid.UUID
 }
 
+type LinkStudentsRow struct {
+	StudentID uuid.UUID
+	Marked    bool
+}
+
 // Records each returned user id on its student unless the student is
 // already linked to a different user, and marks the outbox rows of the
 // students it linked delivered: one statement, so one round trip, for the
 // whole of a delivery's bookkeeping. The student ids that come back were
 // linked (or already held that same user); the caller treats the rest as
-// conflicts.
+// conflicts. marked says whether this statement settled the student's row:
+// false when it was delivered already (by another sender whose lease this
+// one outlived), so that each settlement is counted once.
 //
 // Marking takes no lease check: any answer for this key is the answer, even
 // from a sender whose lease ran out, because Users replays the same result
 // for the key. A user id from Users is the truth, so it also wins over a
 // dead-letter written meanwhile by another sender (for age, say): the user
 // exists.
-func (q *Queries) LinkStudents(ctx context.Context, db DBTX, arg LinkStudentsParams) ([]uuid.UUID, error) {
+func (q *Queries) LinkStudents(ctx context.Context, db DBTX, arg LinkStudentsParams) ([]LinkStudentsRow, error) {
 	rows, err := db.Query(ctx, linkStudents, arg.OutboxIds, arg.StudentIds, arg.UserIds)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []uuid.UUID
+	var items []LinkStudentsRow
 	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
+		var i LinkStudentsRow
+		if err := rows.Scan(&i.StudentID, &i.Marked); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

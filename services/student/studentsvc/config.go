@@ -30,6 +30,12 @@ type Config struct {
 
 	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
 	HTTPMaxConns int // STUDENT_HTTP_MAX_CONNS
+	// AdminAddr serves /metrics, /healthz and /readyz apart from the API,
+	// so that the API's port need not be open to the scraper and the
+	// metrics are not open to the API's clients.
+	AdminAddr string // STUDENT_ADMIN_ADDR
+	// AdminMaxConns caps the admin port's open connections.
+	AdminMaxConns int // STUDENT_ADMIN_MAX_CONNS
 	// DBMaxConns is the size of the pool on Student's database.
 	DBMaxConns int // STUDENT_DB_MAX_CONNS
 }
@@ -43,6 +49,7 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		"postgres://"+migrations.StudentApp+"@localhost:5432/student?sslmode=disable", "STUDENT_DATABASE_PASSWORD")
 	c := Config{
 		HTTPAddr:        e.String("STUDENT_HTTP_ADDR", ":8080"),
+		AdminAddr:       e.String("STUDENT_ADMIN_ADDR", ":8090"),
 		DatabaseURL:     dbURL,
 		LogLevel:        e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		KeyWait:         e.Duration("STUDENT_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, 20*time.Second),
@@ -54,6 +61,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// of connections cannot use up the file descriptors the database
 		// pool needs (each connection also costs a goroutine and buffers).
 		HTTPMaxConns: e.Int("STUDENT_HTTP_MAX_CONNS", 1024, 1, 1_000_000),
+		// A scraper and the odd operator: as for the sender's admin port.
+		AdminMaxConns: e.Int("STUDENT_ADMIN_MAX_CONNS", 64, 1, 1_000_000),
 		// A request waits mostly for its commit's flush to disk, and
 		// PostgreSQL flushes the commits of concurrent transactions together
 		// (group commit): a pool too small to have several in flight pays

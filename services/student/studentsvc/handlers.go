@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/inbox"
@@ -32,16 +33,30 @@ const (
 
 // Server serves the Student API.
 type Server struct {
-	log   *slog.Logger
-	store *store.Store
+	log     *slog.Logger
+	store   *store.Store
+	metrics *metrics
+	// registry is what the admin listener's /metrics serves; observe
+	// records each API request's duration in it.
+	registry *prometheus.Registry
+	observe  func(http.Handler) http.Handler
 }
 
-// Routes returns every route Student serves.
+// Routes returns every route Student serves. Its API is the one open to
+// the internet, so its requests start traces of their own.
 func (s *Server) Routes() http.Handler {
-	r := httpapi.NewRouter(s.log, s.store.Ping)
+	r := httpapi.NewPublicRouter(s.log, s.store.Ping)
 	r.Post("/students", httpapi.Handle(s.createStudent))
 	r.Get("/students", httpapi.Handle(s.listStudents))
 	r.Get("/students/{id}", httpapi.Handle(s.getStudent))
+	return s.observe(r)
+}
+
+// AdminRoutes returns the admin listener's routes: /healthz, /readyz and
+// /metrics. /metrics reads no database, so it answers while it is down.
+func (s *Server) AdminRoutes() http.Handler {
+	r := httpapi.NewRouter(s.log, s.store.Ping)
+	httpapi.MetricsRoute(r, s.log, s.registry)
 	return r
 }
 
@@ -102,6 +117,7 @@ func (s *Server) createStudent(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out, replayed, err := s.store.CreateStudent(r.Context(), key, p, answerCreateStudent)
+	s.metrics.countCreate(key != "", out, replayed, err)
 	if err != nil {
 		return err
 	}

@@ -8,13 +8,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/service"
 	"github.com/outboxref/outboxref/services/student/internal/store"
 )
 
-// Run runs Student until ctx ends: the API, the loop that purges expired
-// client keys, and the one that wakes the outbox sender for new rows. args
-// may be "migrate" or "healthcheck" (see service.Binary).
+// Run runs Student until ctx ends: the API, the admin listener (/metrics,
+// /healthz, /readyz), the loop that purges expired client keys, and the one
+// that wakes the outbox sender for new rows. args may be "migrate" or
+// "healthcheck" (see service.Binary).
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, _, err := LoadConfig(getenv)
 	if err != nil {
@@ -37,6 +39,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			}
 			return []service.Part{
 				service.Server(log, "STUDENT_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
+				service.Server(log, "STUDENT_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, s.AdminRoutes()),
 				{Name: "inbox purge", Run: purge},
 				{Name: "outbox wake-up", Run: wake},
 			}
@@ -47,5 +50,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 // NewServer returns a Server on pool's database. The handlers see only the
 // store built here, never the pool.
 func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
-	return &Server{log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout)}
+	m := newMetrics()
+	reg := httpapi.NewRegistry(m.collectors()...)
+	return &Server{
+		log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout),
+		metrics: m, registry: reg, observe: httpapi.RequestMetrics(reg),
+	}
 }

@@ -39,6 +39,22 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	// The pool has room for at least one transaction.
 	err = Run(context.Background(), nil, apitest.Env("STUDENT_DB_MAX_CONNS", "0"), &bytes.Buffer{})
 	require.ErrorContains(t, err, "STUDENT_DB_MAX_CONNS")
+	err = Run(context.Background(), nil, apitest.Env("STUDENT_ADMIN_MAX_CONNS", "0"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "STUDENT_ADMIN_MAX_CONNS")
+}
+
+// TestConfigDefaults: the admin listener has its own port and cap.
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, _, err := LoadConfig(apitest.Env())
+	require.NoError(t, err)
+	require.Equal(t, ":8080", cfg.HTTPAddr)
+	require.Equal(t, ":8090", cfg.AdminAddr)
+	require.Equal(t, 64, cfg.AdminMaxConns)
+	cfg, _, err = LoadConfig(apitest.Env("STUDENT_ADMIN_ADDR", "127.0.0.1:9100", "STUDENT_ADMIN_MAX_CONNS", "8"))
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:9100", cfg.AdminAddr)
+	require.Equal(t, 8, cfg.AdminMaxConns)
 }
 
 // TestRunMigratesThenServes starts from an empty database, as a first
@@ -55,7 +71,8 @@ func TestRunMigratesThenServes(t *testing.T) {
 	appURL.User = url.User(migrations.StudentApp)
 	env := apitest.Env("STUDENT_MIGRATE_DATABASE_URL", adminURL, "STUDENT_DATABASE_URL", appURL.String(),
 		"STUDENT_DATABASE_PASSWORD", pgtest.Passwords[migrations.StudentApp],
-		"SENDER_DATABASE_PASSWORD", pgtest.Passwords[migrations.OutboxSender], "STUDENT_HTTP_ADDR", apitest.FreeAddr(t))
+		"SENDER_DATABASE_PASSWORD", pgtest.Passwords[migrations.OutboxSender], "STUDENT_HTTP_ADDR", apitest.FreeAddr(t),
+		"STUDENT_ADMIN_ADDR", apitest.FreeAddr(t))
 	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}))
 	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}), "migrating twice is a no-op")
 
@@ -64,6 +81,12 @@ func TestRunMigratesThenServes(t *testing.T) {
 	stop := apitest.RunUntilReady(t, base+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
 	res := apitest.Do(t, http.MethodPost, base+"/students", ada)
 	require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
+	// The admin listener serves the metrics, the API does not.
+	m := apitest.Do(t, http.MethodGet, "http://"+env("STUDENT_ADMIN_ADDR")+"/metrics", "")
+	require.Equal(t, http.StatusOK, m.Status)
+	require.Contains(t, string(m.Body), "\nstudent_students_created_total 1\n")
+	require.Contains(t, string(m.Body), "\nprocess_start_time_seconds ")
+	require.Equal(t, http.StatusNotFound, apitest.Do(t, http.MethodGet, base+"/metrics", "").Status)
 
 	// The container image has no curl: "healthcheck" asks /readyz itself.
 	var out bytes.Buffer

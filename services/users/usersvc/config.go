@@ -33,6 +33,11 @@ type Config struct {
 
 	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
 	HTTPMaxConns int // USERS_HTTP_MAX_CONNS
+	// AdminAddr serves /metrics, /healthz and /readyz apart from the API,
+	// which answers authenticated callers only.
+	AdminAddr string // USERS_ADMIN_ADDR
+	// AdminMaxConns caps the admin port's open connections.
+	AdminMaxConns int // USERS_ADMIN_MAX_CONNS
 	// DBMaxConns is the size of the pool on Users' database.
 	DBMaxConns int // USERS_DB_MAX_CONNS
 }
@@ -46,6 +51,7 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		"postgres://"+migrations.UsersApp+"@localhost:5432/users?sslmode=disable", "USERS_DATABASE_PASSWORD")
 	c := Config{
 		HTTPAddr:       e.String("USERS_HTTP_ADDR", ":8081"),
+		AdminAddr:      e.String("USERS_ADMIN_ADDR", ":8091"),
 		DatabaseURL:    dbURL,
 		LogLevel:       e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		InboxRetention: e.Duration("USERS_INBOX_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
@@ -59,6 +65,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// As for Student. Each sender holds at most SENDER_CONCURRENCY (32)
 		// connections, so 1024 leaves room for many senders and clients.
 		HTTPMaxConns: e.Int("USERS_HTTP_MAX_CONNS", 1024, 1, 1_000_000),
+		// As for Student.
+		AdminMaxConns: e.Int("USERS_ADMIN_MAX_CONNS", 64, 1, 1_000_000),
 		// As for Student. Users' load is the sender's deliveries, up to
 		// SENDER_CONCURRENCY (32) at once: one connection for each, so that
 		// a sender's deliveries never queue for a connection.

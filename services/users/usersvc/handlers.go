@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/crashpoint"
@@ -26,7 +27,12 @@ type Server struct {
 	store *store.Store
 	// auth names the caller of each API request: bearer tokens here; an
 	// authenticator of client certificates would do for mutual TLS.
-	auth auth.Authenticator
+	auth    auth.Authenticator
+	metrics *metrics
+	// registry is what the admin listener's /metrics serves; observe
+	// records each API request's duration in it.
+	registry *prometheus.Registry
+	observe  func(http.Handler) http.Handler
 }
 
 // Challenge is the WWW-Authenticate header of Users' 401 answers.
@@ -42,6 +48,16 @@ func (s *Server) Routes() http.Handler {
 		r.Post("/users", httpapi.Handle(s.createUser))
 		r.Get("/users/{id}", httpapi.Handle(s.getUser))
 	})
+	return s.observe(r)
+}
+
+// AdminRoutes returns the admin listener's routes: /healthz, /readyz and
+// /metrics, open like the health routes (the listener is for the
+// orchestrator and the scraper, not the API's callers). /metrics reads no
+// database, so it answers while it is down.
+func (s *Server) AdminRoutes() http.Handler {
+	r := httpapi.NewRouter(s.log, s.store.Ping)
+	httpapi.MetricsRoute(r, s.log, s.registry)
 	return r
 }
 
@@ -84,6 +100,7 @@ func (s *Server) createUser(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out, replayed, err := s.store.CreateUser(r.Context(), inbox.Key{Caller: caller, Value: key}, p, answerCreateUser)
+	s.metrics.countCreate(out, replayed, err)
 	if err != nil {
 		return err
 	}

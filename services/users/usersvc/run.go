@@ -9,12 +9,14 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/auth"
+	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/service"
 	"github.com/outboxref/outboxref/services/users/internal/store"
 )
 
-// Run runs Users until ctx ends: the API, and the loop that purges expired
-// inbox rows. args may be "migrate" or "healthcheck" (see service.Binary).
+// Run runs Users until ctx ends: the API, the admin listener (/metrics,
+// /healthz, /readyz), and the loop that purges expired inbox rows. args may
+// be "migrate" or "healthcheck" (see service.Binary).
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, e, _ := LoadConfig(getenv)
 	if len(args) == 0 {
@@ -40,6 +42,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			}
 			return []service.Part{
 				service.Server(log, "USERS_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
+				service.Server(log, "USERS_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, s.AdminRoutes()),
 				{Name: "inbox purge", Run: purge},
 			}
 		},
@@ -50,5 +53,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 // (with none, it refuses every API request). The handlers see only the
 // store built here, never the pool.
 func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
-	return &Server{log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout), auth: auth.NewTokens(cfg.Callers)}
+	m := newMetrics()
+	reg := httpapi.NewRegistry(m.collectors()...)
+	return &Server{
+		log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout), auth: auth.NewTokens(cfg.Callers),
+		metrics: m, registry: reg, observe: httpapi.RequestMetrics(reg),
+	}
 }

@@ -41,6 +41,22 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	// The pool has room for at least one transaction.
 	err = Run(context.Background(), nil, apitest.Env("USERS_DB_MAX_CONNS", "0"), &bytes.Buffer{})
 	require.ErrorContains(t, err, "USERS_DB_MAX_CONNS")
+	err = Run(context.Background(), nil, apitest.Env("USERS_ADMIN_MAX_CONNS", "0"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "USERS_ADMIN_MAX_CONNS")
+}
+
+// TestConfigDefaults: the admin listener has its own port and cap.
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, _, err := LoadConfig(apitest.Env())
+	require.NoError(t, err)
+	require.Equal(t, ":8081", cfg.HTTPAddr)
+	require.Equal(t, ":8091", cfg.AdminAddr)
+	require.Equal(t, 64, cfg.AdminMaxConns)
+	cfg, _, err = LoadConfig(apitest.Env("USERS_ADMIN_ADDR", "127.0.0.1:9101", "USERS_ADMIN_MAX_CONNS", "8"))
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:9101", cfg.AdminAddr)
+	require.Equal(t, 8, cfg.AdminMaxConns)
 }
 
 // TestRunNeedsCallers: Users will not serve without callers (secure by
@@ -90,7 +106,7 @@ func TestRunMigratesThenServes(t *testing.T) {
 	require.NoError(t, err)
 	appURL.User = url.User(migrations.UsersApp)
 	env := apitest.Env("USERS_DATABASE_URL", appURL.String(), "USERS_DATABASE_PASSWORD", password,
-		"USERS_HTTP_ADDR", addr, "USERS_API_TOKENS", "outbox-sender:"+senderToken)
+		"USERS_HTTP_ADDR", addr, "USERS_ADMIN_ADDR", apitest.FreeAddr(t), "USERS_API_TOKENS", "outbox-sender:"+senderToken)
 
 	var logs bytes.Buffer
 	base := "http://" + env("USERS_HTTP_ADDR")
@@ -99,6 +115,13 @@ func TestRunMigratesThenServes(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, res.Status, "%s", res.Body)
 	res = apitest.Do(t, http.MethodPost, base+"/users", ada, "Idempotency-Key", "run-1", "Authorization", "Bearer "+senderToken)
 	require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
+	// The admin listener serves the metrics, without a token; the API
+	// does not.
+	m := apitest.Do(t, http.MethodGet, "http://"+env("USERS_ADMIN_ADDR")+"/metrics", "")
+	require.Equal(t, http.StatusOK, m.Status)
+	require.Contains(t, string(m.Body), "\nusers_inbox_requests_total{outcome=\"created\"} 1\n")
+	require.Contains(t, string(m.Body), "\nprocess_start_time_seconds ")
+	require.Equal(t, http.StatusNotFound, apitest.Do(t, http.MethodGet, base+"/metrics", "", "Authorization", "Bearer "+senderToken).Status)
 
 	// The container image has no curl: "healthcheck" asks /readyz itself.
 	var out bytes.Buffer

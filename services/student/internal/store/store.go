@@ -19,6 +19,7 @@ import (
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/outboxwake"
 	"github.com/outboxref/outboxref/internal/person"
+	"github.com/outboxref/outboxref/internal/telemetry"
 	"github.com/outboxref/outboxref/services/student/internal/studentdb"
 )
 
@@ -103,8 +104,12 @@ type AnswerFunc func(Student, error) (inbox.Outcome, error)
 // for it.
 func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
 	wrote := false // set by the transaction that wrote the outbox row
+	// The request's trace context, read here: inside the inbox the
+	// context also carries the inbox transaction's span, and the
+	// deliveries belong under the request, keyed or not.
+	traceParent := telemetry.TraceParent(ctx)
 	op := func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
-		st, err := s.insertStudent(ctx, tx, p)
+		st, err := s.insertStudent(ctx, tx, p, traceParent)
 		if err != nil && !errors.Is(err, ErrDocumentTaken) {
 			return inbox.Outcome{}, err
 		}
@@ -130,8 +135,9 @@ func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, 
 // transaction, in one statement, so both commit or neither does. The row
 // gets a fresh idempotency key that stays with the operation for every
 // delivery, and a payload fixed now, so every delivery sends the same
-// request.
-func (s *Store) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person) (Student, error) {
+// request; it also keeps the request's trace context, so that one trace
+// follows the operation through all its deliveries.
+func (s *Store) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person, traceParent string) (Student, error) {
 	payload, err := json.Marshal(p)
 	if err != nil {
 		return Student{}, fmt.Errorf("encode outbox payload: %w", err)
@@ -139,6 +145,8 @@ func (s *Store) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person) (
 	st, err := s.q.InsertStudentWithOutbox(ctx, tx, studentdb.InsertStudentWithOutboxParams{
 		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
 		IdempotencyKey: uuid.New(), Operation: OperationCreateUser, Payload: payload,
+		// The sender continues this request's trace on every delivery.
+		TraceParent: traceParent,
 	})
 	if errors.Is(err, pgx.ErrNoRows) { // ON CONFLICT DO NOTHING: neither row was written
 		return Student{}, ErrDocumentTaken

@@ -65,8 +65,8 @@ WITH student AS (
     ON CONFLICT (document_number) DO NOTHING
     RETURNING id, name, email, document_number, user_id, created_at, updated_at
 ), outbox_row AS (
-    INSERT INTO outbox (idempotency_key, operation, student_id, payload)
-    SELECT $5::uuid, $6::text, student.id, $7::jsonb
+    INSERT INTO outbox (idempotency_key, operation, student_id, payload, trace_parent)
+    SELECT $5::uuid, $6::text, student.id, $7::jsonb, NULLIF($8::text, '')
     FROM student
 )
 SELECT id, name, email, document_number, user_id, created_at, updated_at
@@ -81,6 +81,7 @@ type InsertStudentWithOutboxParams struct {
 	IdempotencyKey uuid.UUID
 	Operation      string
 	Payload        []byte
+	TraceParent    string
 }
 
 type InsertStudentWithOutboxRow struct {
@@ -101,7 +102,9 @@ type InsertStudentWithOutboxRow struct {
 // comes back and the handler answers 409. PostgreSQL runs a data-modifying
 // WITH to completion whether or not the main query reads it, so the outbox
 // row is written although only the student is returned (student_app may not
-// read the outbox row back: its payload is the sender's).
+// read the outbox row back: its payload is the sender's). trace_parent is
+// the request's W3C traceparent, ” (stored as NULL) when tracing is off:
+// the sender continues that trace on every delivery attempt.
 func (q *Queries) InsertStudentWithOutbox(ctx context.Context, db DBTX, arg InsertStudentWithOutboxParams) (InsertStudentWithOutboxRow, error) {
 	row := db.QueryRow(ctx, insertStudentWithOutbox,
 		arg.ID,
@@ -111,6 +114,7 @@ func (q *Queries) InsertStudentWithOutbox(ctx context.Context, db DBTX, arg Inse
 		arg.IdempotencyKey,
 		arg.Operation,
 		arg.Payload,
+		arg.TraceParent,
 	)
 	var i InsertStudentWithOutboxRow
 	err := row.Scan(
