@@ -343,9 +343,10 @@ func (b *bench) claimAll(ctx context.Context, pool *pgxpool.Pool, jobs chan<- cl
 				operation string
 				lease     uuid.UUID
 				createdAt time.Time
+				trace     *string // the sender continues it; the bound has no traces
 				expired   bool
 			)
-			if err := rows.Scan(&c.id, &c.key, &operation, &c.studentID, &c.payload, &c.attempts, &lease, &createdAt, &expired); err != nil {
+			if err := rows.Scan(&c.id, &c.key, &operation, &c.studentID, &c.payload, &c.attempts, &lease, &createdAt, &trace, &expired); err != nil {
 				rows.Close()
 				cancel()
 				return fmt.Errorf("claim: %w", err)
