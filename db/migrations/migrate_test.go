@@ -103,7 +103,7 @@ func migrateAsCreateRole(t *testing.T, c *pgcluster.Cluster) {
 func migrateRotates(t *testing.T, c *pgcluster.Cluster) {
 	admin := createDatabase(t, c, "student")
 	ctx := context.Background()
-	first := map[string]string{migrations.StudentApp: "first-app", migrations.OutboxSender: "first-sender"}
+	first := map[string]string{migrations.StudentApp: "first-app", migrations.OutboxSender: "first-sender", migrations.OutboxCDC: "first-cdc"}
 
 	err := migrations.Migrate(ctx, admin, migrations.Student, map[string]string{migrations.StudentApp: "x"})
 	require.ErrorContains(t, err, "no password for outbox_sender")
@@ -114,7 +114,7 @@ func migrateRotates(t *testing.T, c *pgcluster.Cluster) {
 	require.NoError(t, login(admin, migrations.OutboxSender, "first-sender"))
 	require.Equal(t, "28P01", sqlState(login(admin, migrations.StudentApp, "wrong")))
 
-	second := map[string]string{migrations.StudentApp: "second-app ünïcode", migrations.OutboxSender: "first-sender"}
+	second := map[string]string{migrations.StudentApp: "second-app ünïcode", migrations.OutboxSender: "first-sender", migrations.OutboxCDC: "first-cdc"}
 	require.NoError(t, migrations.Migrate(ctx, admin, migrations.Student, second))
 	require.NoError(t, login(admin, migrations.StudentApp, "second-app ünïcode"))
 	require.Equal(t, "28P01", sqlState(login(admin, migrations.StudentApp, "first-app")), "the old password is gone")
@@ -131,7 +131,7 @@ func migrateRotates(t *testing.T, c *pgcluster.Cluster) {
 // tests' template builds are, all succeed although they create and alter
 // the same roles.
 func migrateConcurrently(t *testing.T, c *pgcluster.Cluster) {
-	passwords := map[string]string{migrations.StudentApp: "a", migrations.OutboxSender: "b", migrations.UsersApp: "c"}
+	passwords := map[string]string{migrations.StudentApp: "a", migrations.OutboxSender: "b", migrations.OutboxCDC: "d", migrations.UsersApp: "c"}
 	errs := make(chan error, 8)
 	for i := range cap(errs) {
 		set := []migrations.Set{migrations.Student, migrations.Users}[i%2]

@@ -27,8 +27,13 @@ const (
 	StudentOwner = "student_owner" // owns Student's tables; NOLOGIN
 	StudentApp   = "student_app"   // Student at run time
 	OutboxSender = "outbox_sender" // the outbox sender, on Student's database
-	UsersOwner   = "users_owner"   // owns Users' tables; NOLOGIN
-	UsersApp     = "users_app"     // Users at run time
+	// OutboxCDC is the sender's replication connection when it reads the
+	// outbox from the write-ahead log (SENDER_SOURCE=cdc). It has the
+	// REPLICATION attribute and no grant on any table: a replication
+	// connection reads changes through the slot, never the tables.
+	OutboxCDC  = "outbox_cdc"
+	UsersOwner = "users_owner" // owns Users' tables; NOLOGIN
+	UsersApp   = "users_app"   // Users at run time
 )
 
 // Owner is the role that owns the set's tables and applies its migrations.
@@ -45,8 +50,12 @@ func (s Set) Logins() []string {
 	if s == Users {
 		return []string{UsersApp}
 	}
-	return []string{StudentApp, OutboxSender}
+	return []string{StudentApp, OutboxSender, OutboxCDC}
 }
+
+// replicates says whether role streams changes from a replication slot,
+// for which it needs the REPLICATION attribute.
+func replicates(role string) bool { return role == OutboxCDC }
 
 // prepareRoles readies what the SQL migrations cannot do as the owner: the
 // roles themselves (cluster-wide, so an administrator's job), who may
@@ -99,16 +108,17 @@ func prepare(ctx context.Context, tx pgx.Tx, set Set, passwords map[string]strin
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('outboxref roles'))"); err != nil {
 		return err
 	}
-	var superuser bool
-	if err := tx.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&superuser); err != nil {
+	var superuser, replicator bool
+	if err := tx.QueryRow(ctx, "SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user").Scan(&superuser, &replicator); err != nil {
 		return err
 	}
+	canReplicate := superuser || (replicator && serverVersion(ctx, tx) >= 160000)
 	owner := set.Owner()
-	if err := ensureRole(ctx, tx, owner, false); err != nil {
+	if err := ensureRole(ctx, tx, owner, false, false, false); err != nil {
 		return err
 	}
 	for _, role := range set.Logins() {
-		if err := ensureRole(ctx, tx, role, true); err != nil {
+		if err := ensureRole(ctx, tx, role, true, replicates(role), canReplicate); err != nil {
 			return err
 		}
 		// A SCRAM verifier, not the password: the statement may be logged
@@ -145,20 +155,45 @@ func prepare(ctx context.Context, tx pgx.Tx, set Set, passwords map[string]strin
 			return fmt.Errorf("schema public: %w", err)
 		}
 	}
+	if set == Student {
+		// The outbox's publication (student/00006) is the owner's to
+		// create, and creating a publication takes CREATE on the database.
+		if _, err := tx.Exec(ctx, "GRANT CREATE ON DATABASE "+ident(dbName(ctx, tx))+" TO "+ident(owner)); err != nil {
+			return fmt.Errorf("let %s create the outbox's publication: %w", owner, err)
+		}
+	}
 	return restrictConnect(ctx, tx, set)
+}
+
+// dbName is the current database's name ("" if it cannot be read, which
+// the statement using it then reports).
+func dbName(ctx context.Context, q querier) string {
+	var db string
+	_ = q.QueryRow(ctx, "SELECT current_database()").Scan(&db)
+	return db
 }
 
 // ensureRole creates role if it does not exist, and takes away any power
 // beyond logging in (or not) that an existing one may have been given by
 // hand: a runtime role that is a superuser would make every grant moot.
-func ensureRole(ctx context.Context, tx pgx.Tx, role string, login bool) error {
-	var super, createRole, createDB, replication, bypassRLS, canLogin bool
+// A role that replicates gets REPLICATION and nothing more, when the
+// administrator may give it (canReplicate): in PostgreSQL 15 only a
+// superuser may, from 16 on also a CREATEROLE administrator that has it
+// itself. Without it the role is made all the same, and the sender in cdc
+// mode says what a superuser must run.
+func ensureRole(ctx context.Context, tx pgx.Tx, role string, login, replication, canReplicate bool) error {
+	var super, createRole, createDB, hasReplication, bypassRLS, canLogin bool
 	err := tx.QueryRow(ctx, `SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls, rolcanlogin
-		FROM pg_roles WHERE rolname = $1`, role).Scan(&super, &createRole, &createDB, &replication, &bypassRLS, &canLogin)
+		FROM pg_roles WHERE rolname = $1`, role).Scan(&super, &createRole, &createDB, &hasReplication, &bypassRLS, &canLogin)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The defaults are NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION
-		// NOBYPASSRLS: exactly what a role here should have.
-		if _, err := tx.Exec(ctx, "CREATE ROLE "+ident(role)+" "+loginWord(login)); err != nil {
+		// NOBYPASSRLS: exactly what a role here should have, but for the
+		// REPLICATION of a role that replicates.
+		attrs := loginWord(login)
+		if replication && canReplicate {
+			attrs += " REPLICATION"
+		}
+		if _, err := tx.Exec(ctx, "CREATE ROLE "+ident(role)+" "+attrs); err != nil {
 			return fmt.Errorf("create role %s: %w", role, err)
 		}
 		return nil
@@ -168,13 +203,14 @@ func ensureRole(ctx context.Context, tx pgx.Tx, role string, login bool) error {
 	}
 	var fix []string
 	for _, a := range []struct {
-		has  bool
-		word string
+		wrong bool
+		word  string
 	}{
 		{super, "NOSUPERUSER"}, {createRole, "NOCREATEROLE"}, {createDB, "NOCREATEDB"},
-		{replication, "NOREPLICATION"}, {bypassRLS, "NOBYPASSRLS"}, {canLogin != login, loginWord(login)},
+		{hasReplication && !replication, "NOREPLICATION"}, {!hasReplication && replication && canReplicate, "REPLICATION"},
+		{bypassRLS, "NOBYPASSRLS"}, {canLogin != login, loginWord(login)},
 	} {
-		if a.has {
+		if a.wrong {
 			fix = append(fix, a.word)
 		}
 	}
@@ -184,6 +220,15 @@ func ensureRole(ctx context.Context, tx pgx.Tx, role string, login bool) error {
 		}
 	}
 	return nil
+}
+
+// serverVersion is server_version_num, or 0 if it cannot be read.
+func serverVersion(ctx context.Context, tx pgx.Tx) int {
+	var v int
+	if err := tx.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&v); err != nil {
+		return 0
+	}
+	return v
 }
 
 func loginWord(login bool) string {

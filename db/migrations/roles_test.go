@@ -84,6 +84,21 @@ var roleCases = []roleCase{
 		}, ddl...),
 	},
 	{
+		// The replication login reads the outbox's changes through a slot,
+		// never a table: it has nothing to allow here.
+		role: migrations.OutboxCDC, set: migrations.Student,
+		denied: append([]string{
+			`SELECT id FROM outbox`,
+			`SELECT * FROM students`,
+			`SELECT * FROM inbox`,
+			`UPDATE outbox SET state = 'dead'`,
+			`INSERT INTO outbox (idempotency_key, operation, student_id, payload) VALUES (gen_random_uuid(), 'create-user', '` + studentID + `', '{}')`,
+			`SET ROLE student_owner`,
+			`SET ROLE outbox_sender`,
+			`CREATE PUBLICATION p FOR TABLE outbox`,
+		}, ddl...),
+	},
+	{
 		role: migrations.OutboxSender, set: migrations.Student,
 		allowed: []string{
 			// ClaimDue, LinkStudents, MarkDead, Redrive, the history, the
@@ -178,6 +193,7 @@ func TestRolesCannotReachTheOtherDatabase(t *testing.T) {
 	for _, c := range []struct{ role, url string }{
 		{migrations.OutboxSender, usersURL},
 		{migrations.StudentApp, usersURL},
+		{migrations.OutboxCDC, usersURL},
 		{migrations.UsersApp, studentURL},
 	} {
 		_, err := tryConnect(pgtest.RoleURL(t, c.url, c.role))
@@ -187,6 +203,7 @@ func TestRolesCannotReachTheOtherDatabase(t *testing.T) {
 	for _, c := range []struct{ role, url string }{
 		{migrations.OutboxSender, studentURL},
 		{migrations.StudentApp, studentURL},
+		{migrations.OutboxCDC, studentURL},
 		{migrations.UsersApp, usersURL},
 	} {
 		conn, err := tryConnect(pgtest.RoleURL(t, c.url, c.role))
@@ -203,7 +220,7 @@ func TestRoleAttributes(t *testing.T) {
 	usersURL := pgtest.URL(t, migrations.Users)
 	admin := connect(t, studentURL)
 	ctx := context.Background()
-	for _, role := range []string{migrations.StudentApp, migrations.OutboxSender, migrations.UsersApp, migrations.StudentOwner, migrations.UsersOwner} {
+	for _, role := range []string{migrations.StudentApp, migrations.OutboxSender, migrations.OutboxCDC, migrations.UsersApp, migrations.StudentOwner, migrations.UsersOwner} {
 		var powers []string
 		var login bool
 		err := admin.QueryRow(ctx, `SELECT array_remove(ARRAY[
@@ -212,7 +229,13 @@ func TestRoleAttributes(t *testing.T) {
 				CASE WHEN rolbypassrls THEN 'bypassrls' END], NULL), rolcanlogin
 			FROM pg_roles WHERE rolname = $1`, role).Scan(&powers, &login)
 		require.NoError(t, err, role)
-		require.Empty(t, powers, role)
+		if role == migrations.OutboxCDC {
+			// Streaming from a replication slot takes REPLICATION, and
+			// only that (the tests' administrator is a superuser).
+			require.Equal(t, []string{"replication"}, powers, role)
+		} else {
+			require.Empty(t, powers, role)
+		}
 		owner := role == migrations.StudentOwner || role == migrations.UsersOwner
 		require.Equal(t, !owner, login, "%s: rolcanlogin", role)
 		if owner {

@@ -358,7 +358,9 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte,
 // connections. Callers hold c.mu.
 func (c *Cluster) startLocked(ctx context.Context) error {
 	// pg_ctl hands -o to /bin/sh, so the socket directory must be quoted.
-	serverOpts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=300 -c shared_buffers=128MB",
+	serverOpts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=300 -c shared_buffers=128MB"+
+		// Logical decoding, for the sender's change-data-capture source.
+		" -c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64",
 		c.port, shellQuote(c.dir))
 	if !c.durable {
 		serverOpts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"

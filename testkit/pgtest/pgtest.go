@@ -58,6 +58,7 @@ func ServerURL(t testing.TB) string {
 var Passwords = map[string]string{
 	migrations.StudentApp:   "test-student-app",
 	migrations.OutboxSender: "test-outbox-sender",
+	migrations.OutboxCDC:    "test-outbox-cdc",
 	migrations.UsersApp:     "test-users-app",
 }
 

@@ -26,7 +26,7 @@ type Config struct {
 	// may come from STUDENT_MIGRATE_DATABASE_PASSWORD), and the passwords
 	// it gives the runtime roles of Student's database.
 	MigrateDatabaseURL string          // STUDENT_MIGRATE_DATABASE_URL
-	Logins             []service.Login // STUDENT_DATABASE_PASSWORD, SENDER_DATABASE_PASSWORD
+	Logins             []service.Login // STUDENT_DATABASE_PASSWORD, SENDER_DATABASE_PASSWORD, SENDER_CDC_DATABASE_PASSWORD
 
 	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
 	HTTPMaxConns int // STUDENT_HTTP_MAX_CONNS
@@ -80,6 +80,10 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	c.Logins = []service.Login{
 		{Role: migrations.StudentApp, Variable: "STUDENT_DATABASE_PASSWORD", Password: password},
 		{Role: migrations.OutboxSender, Variable: "SENDER_DATABASE_PASSWORD", Password: e.Secret("SENDER_DATABASE_PASSWORD")},
+		// The sender's replication login, for SENDER_SOURCE=cdc. Made and
+		// given its password even where the sender polls, so that switching
+		// sources needs no second migration.
+		{Role: migrations.OutboxCDC, Variable: "SENDER_CDC_DATABASE_PASSWORD", Password: e.Secret("SENDER_CDC_DATABASE_PASSWORD")},
 	}
 	return c, e, e.Err()
 }

@@ -65,13 +65,14 @@ func TestRunMigratesThenServes(t *testing.T) {
 	// roles their passwords; the server logs in as student_app.
 	adminURL := pgtest.EmptyURL(t)
 	err := Run(context.Background(), []string{"migrate"}, apitest.Env("STUDENT_MIGRATE_DATABASE_URL", adminURL), &bytes.Buffer{})
-	require.ErrorContains(t, err, "STUDENT_DATABASE_PASSWORD (or STUDENT_DATABASE_PASSWORD_FILE), SENDER_DATABASE_PASSWORD (or SENDER_DATABASE_PASSWORD_FILE) required")
+	require.ErrorContains(t, err, "STUDENT_DATABASE_PASSWORD (or STUDENT_DATABASE_PASSWORD_FILE), SENDER_DATABASE_PASSWORD (or SENDER_DATABASE_PASSWORD_FILE), SENDER_CDC_DATABASE_PASSWORD (or SENDER_CDC_DATABASE_PASSWORD_FILE) required")
 	appURL, err := url.Parse(adminURL)
 	require.NoError(t, err)
 	appURL.User = url.User(migrations.StudentApp)
 	env := apitest.Env("STUDENT_MIGRATE_DATABASE_URL", adminURL, "STUDENT_DATABASE_URL", appURL.String(),
 		"STUDENT_DATABASE_PASSWORD", pgtest.Passwords[migrations.StudentApp],
-		"SENDER_DATABASE_PASSWORD", pgtest.Passwords[migrations.OutboxSender], "STUDENT_HTTP_ADDR", apitest.FreeAddr(t),
+		"SENDER_DATABASE_PASSWORD", pgtest.Passwords[migrations.OutboxSender],
+		"SENDER_CDC_DATABASE_PASSWORD", pgtest.Passwords[migrations.OutboxCDC], "STUDENT_HTTP_ADDR", apitest.FreeAddr(t),
 		"STUDENT_ADMIN_ADDR", apitest.FreeAddr(t))
 	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}))
 	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}), "migrating twice is a no-op")
