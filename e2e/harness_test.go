@@ -199,7 +199,8 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 	// process logs in with); every process logs in as its own role.
 	s.migrate(bins.student, "STUDENT_MIGRATE_DATABASE_URL="+s.studentURL,
 		"STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.StudentApp),
-		"SENDER_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.OutboxSender))
+		"SENDER_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.OutboxSender),
+		"SENDER_CDC_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.OutboxCDC))
 	s.migrate(bins.users, "USERS_MIGRATE_DATABASE_URL="+s.usersURL,
 		"USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.UsersApp))
 	s.studentDB = s.pool(s.studentURL)

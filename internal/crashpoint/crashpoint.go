@@ -13,6 +13,10 @@ const (
 	// SenderAfterResponse: Users has answered (and committed), the answers
 	// are not yet recorded in Student's database.
 	SenderAfterResponse = "sender-after-response"
+	// SenderBeforeConfirm: with SENDER_SOURCE=cdc, the answers of streamed
+	// rows are recorded and the sender is about to confirm their position
+	// in the write-ahead log to PostgreSQL. The slot replays them.
+	SenderBeforeConfirm = "sender-before-confirm"
 )
 
 // The pause points, by the step at which the process holds still. The

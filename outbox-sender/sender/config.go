@@ -47,7 +47,27 @@ type Config struct {
 	// DBMaxConns is the size of the pool on Student's database. The
 	// listener for notifications holds one more connection, outside it.
 	DBMaxConns int // SENDER_DB_MAX_CONNS
+
+	// Source is where new rows come from: "poll" (the table, woken by
+	// notifications) or "cdc" (the write-ahead log, through a logical
+	// replication slot; cdc.go).
+	Source string // SENDER_SOURCE
+	// CDCDatabaseURL logs in to Student's database as the replication
+	// role, with the password put in (SENDER_CDC_DATABASE_PASSWORD).
+	CDCDatabaseURL string // SENDER_CDC_DATABASE_URL
+	// CDCSlot is the logical replication slot's name. Slots belong to the
+	// whole cluster: two Student databases in one cluster need two names.
+	CDCSlot string // SENDER_CDC_SLOT
+	// CDCGrace is how long, in cdc mode, the poll leaves a new row to the
+	// stream before it claims it itself.
+	CDCGrace time.Duration // SENDER_CDC_GRACE
 }
+
+// Sources of new rows (SENDER_SOURCE).
+const (
+	SourcePoll = "poll"
+	SourceCDC  = "cdc"
+)
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
 // variables read, for the test that checks docker-compose.yml.
@@ -97,7 +117,21 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// at a time; the rest is for the purge, readiness, metrics and the admin
 		// routes, so an operator's queries never starve delivery.
 		DBMaxConns: e.Int("SENDER_DB_MAX_CONNS", 8, 2, 1000),
+
+		Source: e.OneOf("SENDER_SOURCE", SourcePoll, SourcePoll, SourceCDC),
+		// A replication slot name: lower-case letters, digits and
+		// underscores, at most 63 (NAMEDATALEN - 1).
+		CDCSlot: e.String("SENDER_CDC_SLOT", "outbox_sender"),
+		// Long enough that the stream, which claims a row within
+		// milliseconds of its commit, is never raced by the poll for it;
+		// short enough that a row the stream missed (its slot was dropped,
+		// say) waits seconds, not minutes.
+		CDCGrace: e.Duration("SENDER_CDC_GRACE", 10*time.Second, 100*time.Millisecond, time.Hour),
 	}
+	c.CDCDatabaseURL, _ = e.DatabaseLogin("SENDER_CDC_DATABASE_URL",
+		"postgres://"+migrations.OutboxCDC+"@localhost:5432/student?sslmode=disable", "SENDER_CDC_DATABASE_PASSWORD")
+	e.Check(validSlotName(c.CDCSlot),
+		"SENDER_CDC_SLOT=%q: want 1 to 63 lower-case letters, digits or underscores (PostgreSQL's rule for slot names)", c.CDCSlot)
 	// A token Users could never accept is a mistake better caught at start
 	// than by every delivery's 401. The error never shows the token.
 	if tok := e.Secret("SENDER_USERS_TOKEN"); tok != "" {
@@ -121,4 +155,17 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		"SENDER_DATABASE_TIMEOUT=%s must be shorter than SENDER_LEASE=%s: a claim that outlasts the lease hands out rows another sender may claim too",
 		c.DatabaseTimeout, c.Lease)
 	return c, e, e.Err()
+}
+
+// validSlotName is PostgreSQL's rule for a replication slot's name.
+func validSlotName(name string) bool {
+	if name == "" || len(name) > 63 {
+		return false
+	}
+	for _, r := range name {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '_' {
+			return false
+		}
+	}
+	return true
 }

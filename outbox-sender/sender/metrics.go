@@ -42,6 +42,9 @@ type metrics struct {
 	// both should approach SENDER_BATCH_SIZE; idle, one or a few.
 	claimSize  prometheus.Histogram
 	recordSize prometheus.Histogram
+	// cdcChanges counts the outbox inserts the replication slot streamed
+	// (SENDER_SOURCE=cdc): compare with student_outbox_rows_written_total.
+	cdcChanges prometheus.Counter
 }
 
 // lagBuckets run from a few milliseconds (a delivery on a healthy system)
@@ -96,6 +99,9 @@ func newMetrics() *metrics {
 			Help:    "Answers recorded by each recording transaction.",
 			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
 		}),
+		cdcChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_cdc_changes_total", Help: "Outbox inserts this sender received from the replication slot (SENDER_SOURCE=cdc); a replay after a restart counts again.",
+		}),
 	}
 	// Every series an alert or the dashboard reads starts at 0: a series
 	// born at its first increment is missing from sums until then (a
@@ -144,9 +150,78 @@ func (m *metrics) settled(v verdict, class string, row outboxdb.ClaimDueRow, rec
 // Collectors returns the sender's metrics and a collector of the outbox's
 // state in the database, for registering on a registry.
 func (s *Sender) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.metrics.claimed, s.metrics.results, s.metrics.dead, s.metrics.duration,
+	cs := []prometheus.Collector{s.metrics.claimed, s.metrics.results, s.metrics.dead, s.metrics.duration,
 		s.metrics.lag, s.metrics.attempts, s.metrics.authFailures,
 		s.metrics.claimSize, s.metrics.recordSize, &outboxCollector{s: s}}
+	if s.cdc != nil {
+		cs = append(cs, s.metrics.cdcChanges, &slotCollector{c: s.cdc})
+	}
+	return cs
+}
+
+var (
+	slotLagBytesDesc = prometheus.NewDesc("outbox_cdc_slot_lag_bytes",
+		"WAL written since the replication slot's confirmed position: what a restarted reader would decode again (absent when the slot could not be read or does not exist).", nil, nil)
+	slotLagSecondsDesc = prometheus.NewDesc("outbox_cdc_slot_lag_seconds",
+		"Age of the oldest transaction this sender streamed and has not confirmed yet; 0 when none.", nil, nil)
+	retainedDesc = prometheus.NewDesc("outbox_cdc_retained_wal_bytes",
+		"WAL the replication slot keeps from removal. Alert well before it reaches max_slot_wal_keep_size, past which PostgreSQL invalidates the slot (absent when it could not be read or does not exist).", nil, nil)
+	slotOKDesc = prometheus.NewDesc("outbox_cdc_slot_ok",
+		"1 when the replication slot exists and is not invalidated; 0 otherwise (absent when it could not be read).", nil, nil)
+	slotActiveDesc = prometheus.NewDesc("outbox_cdc_slot_active",
+		"1 when some sender streams from the replication slot (absent when it could not be read).", nil, nil)
+	readingDesc = prometheus.NewDesc("outbox_cdc_reading",
+		"1 when this sender streams from the replication slot, 0 when it stands by or cannot.", nil, nil)
+	fallbackDesc = prometheus.NewDesc("outbox_cdc_fallback",
+		"1 while this sender polls for new rows because no sender can stream from the replication slot.", nil, nil)
+)
+
+// slotCollector reads the replication slot's state when scraped, from the
+// server's view (pg_replication_slots), beside the reader's own.
+type slotCollector struct {
+	c     *cdc
+	alarm alarm
+}
+
+func (sc *slotCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{slotLagBytesDesc, slotLagSecondsDesc, retainedDesc, slotOKDesc, slotActiveDesc, readingDesc, fallbackDesc} {
+		ch <- d
+	}
+}
+
+func (sc *slotCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	var lag float64
+	if oldest := sc.c.tr.oldest(); !oldest.IsZero() && sc.c.reading.Load() {
+		lag = max(time.Since(oldest).Seconds(), 0)
+	}
+	gauge(slotLagSecondsDesc, lag)
+	gauge(readingDesc, b2f(sc.c.reading.Load()))
+	gauge(fallbackDesc, b2f(sc.c.fallback.Load()))
+	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	defer cancel()
+	st, ok, err := sc.c.readSlot(ctx)
+	if err != nil {
+		if failed, ok := sc.alarm.ring(time.Now(), statsAlarmEvery); ok {
+			sc.c.log.Warn("read the replication slot for metrics; its figures are left out until it succeeds",
+				slog.Int("failed_reads", failed), slog.String("error", err.Error()))
+		}
+		return
+	}
+	gauge(slotOKDesc, b2f(ok && st.walStatus != "lost"))
+	if !ok {
+		return
+	}
+	gauge(slotActiveDesc, b2f(st.active))
+	gauge(slotLagBytesDesc, st.lagBytes)
+	gauge(retainedDesc, st.retained)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 var (

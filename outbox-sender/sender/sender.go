@@ -55,6 +55,9 @@ type Sender struct {
 	// authAlarm paces the error logged when Users refuses the sender's
 	// credentials: loud, but not a line per row.
 	authAlarm alarm
+	// cdc is the change-data-capture source (cdc.go); nil when the sender
+	// polls.
+	cdc *cdc
 }
 
 // New returns a Sender on Student's database (pool) delivering to
@@ -62,11 +65,15 @@ type Sender struct {
 func New(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Sender {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = cfg.Concurrency
-	return &Sender{
+	s := &Sender{
 		cfg: cfg, log: log, pool: pool, q: outboxdb.New(),
 		client:  &http.Client{Transport: transport, Timeout: cfg.RequestTimeout},
 		metrics: newMetrics(),
 	}
+	if cfg.Source == SourceCDC {
+		s.cdc = newCDC(s)
+	}
+	return s
 }
 
 type verdict int
@@ -120,21 +127,43 @@ func (s *Sender) Run(ctx context.Context) error {
 		recorders.Go(func() { s.complete(ctx, results, tokens) })
 	}
 
-	// Notifications from Student's database wake the claimer as soon as
-	// rows commit; the poll stays as the fallback.
+	// A second claimer beside the poll's: with the polling source,
+	// notifications from Student's database wake the poll as soon as rows
+	// commit; with the cdc source, the stream's claimer claims new rows as
+	// the slot announces them, and the poll is left the rows it missed and
+	// those due again (cdc.go).
 	wake := make(chan struct{}, 1)
-	listening := make(chan struct{})
-	go func() {
-		defer close(listening)
-		s.listen(ctx, wake)
-	}()
+	claiming := make(chan struct{})
+	streaming := make(chan struct{})
+	// The stream outlives the claimers: it confirms what the recorders
+	// settle until they are done.
+	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopStream()
+	if s.cdc == nil {
+		close(streaming)
+		go func() {
+			defer close(claiming)
+			s.listen(ctx, wake)
+		}()
+	} else {
+		go func() {
+			defer close(streaming)
+			s.cdc.run(streamCtx)
+		}()
+		go func() {
+			defer close(claiming)
+			s.claimStreamed(ctx, tokens, jobs)
+		}()
+	}
 
 	s.claim(ctx, tokens, jobs, wake)
-	<-listening
+	<-claiming
 	close(jobs)
 	workers.Wait()
 	close(results)
 	recorders.Wait()
+	stopStream()
+	<-streaming
 	s.log.Info("sender stopped")
 	return nil
 }
@@ -204,7 +233,7 @@ func (s *Sender) claim(ctx context.Context, tokens chan struct{}, jobs chan<- ou
 		cctx, cancel := database.WithDeadline(context.WithoutCancel(ctx), s.cfg.DatabaseTimeout)
 		rows, err := s.q.ClaimDue(cctx, s.pool, outboxdb.ClaimDueParams{
 			Lease: s.cfg.Lease, ClaimedBy: pgtype.Text{String: s.cfg.ID, Valid: true}, BatchSize: int32(n), //nolint:gosec // at most SENDER_BATCH_SIZE
-			MaxAge: s.cfg.MaxAge,
+			MaxAge: s.cfg.MaxAge, LeaveNew: s.leaveNew(),
 		})
 		cancel()
 		wait := s.cfg.PollInterval
@@ -488,6 +517,7 @@ func (s *Sender) complete(ctx context.Context, results <-chan result, tokens cha
 		busy = len(batch) > 1
 		s.metrics.recordSize.Observe(float64(len(batch)))
 		s.record(ctx, batch)
+		s.settled(batch)
 		for range batch {
 			tokens <- struct{}{}
 		}

@@ -85,7 +85,13 @@ func asSender(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
 // run starts a sender; it is stopped at cleanup if the test does not.
 func run(t *testing.T, pool *pgxpool.Pool, cfg Config) *running {
 	t.Helper()
-	s := New(quiet, asSender(t, pool), cfg)
+	return runWith(t, quiet, pool, cfg)
+}
+
+// runWith is run with the sender logging to log.
+func runWith(t *testing.T, log *slog.Logger, pool *pgxpool.Pool, cfg Config) *running {
+	t.Helper()
+	s := New(log, asSender(t, pool), cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	stop := apitest.Start(t, func(stopped context.Context) error {
 		context.AfterFunc(stopped, cancel)

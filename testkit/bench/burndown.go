@@ -324,7 +324,7 @@ func (b *bench) deliverAll(ctx context.Context, studentPool, usersPool *pgxpool.
 func (b *bench) claimAll(ctx context.Context, pool *pgxpool.Pool, jobs chan<- claimed) error {
 	q := b.q["ClaimDue"]
 	args, err := q.args(map[string]any{
-		"lease": senderLease, "claimed_by": "bench-bound", "batch_size": int32(senderBatchSize), "max_age": senderMaxAge,
+		"lease": senderLease, "claimed_by": "bench-bound", "leave_new": time.Duration(0), "batch_size": int32(senderBatchSize), "max_age": senderMaxAge,
 	})
 	if err != nil {
 		return err

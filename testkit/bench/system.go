@@ -134,6 +134,7 @@ func (b *bench) migrate(ctx context.Context, bin, name string, n int) error {
 			"STUDENT_MIGRATE_DATABASE_URL=" + b.dbURL(name, "", ""),
 			"STUDENT_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.StudentApp],
 			"SENDER_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.OutboxSender],
+			"SENDER_CDC_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.OutboxCDC],
 		}
 	case usersBin:
 		env = []string{

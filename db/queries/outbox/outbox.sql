@@ -23,6 +23,13 @@ SET available_at = now() + @lease::interval,
 FROM (
     SELECT id FROM outbox
     WHERE state = 'pending' AND available_at <= now()
+      -- With the change-data-capture source, a new row is the stream's
+      -- (ClaimStreamed, cdc.sql) for @leave_new: the poll takes only
+      -- rows tried before, redriven, or missed by the stream. Those
+      -- pending for less than @leave_new sit at the end of the index's
+      -- order, and the stream claims each within milliseconds, so the
+      -- filter costs little. The polling source passes 0.
+      AND (attempts > 0 OR redrives > 0 OR available_at <= now() - @leave_new::interval)
     ORDER BY available_at, id
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED

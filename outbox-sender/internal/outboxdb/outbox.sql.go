@@ -24,8 +24,15 @@ SET available_at = now() + $1::interval,
 FROM (
     SELECT id FROM outbox
     WHERE state = 'pending' AND available_at <= now()
+      -- With the change-data-capture source, a new row is the stream's
+      -- (ClaimStreamed, cdc.sql) for @leave_new: the poll takes only
+      -- rows tried before, redriven, or missed by the stream. Those
+      -- pending for less than @leave_new sit at the end of the index's
+      -- order, and the stream claims each within milliseconds, so the
+      -- filter costs little. The polling source passes 0.
+      AND (attempts > 0 OR redrives > 0 OR available_at <= now() - $3::interval)
     ORDER BY available_at, id
-    LIMIT $3
+    LIMIT $4
     FOR UPDATE SKIP LOCKED
 ) due, no_flush_wait
 WHERE o.id = due.id
@@ -33,12 +40,13 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           -- Judged by the database's clock, which wrote age_from (the
           -- row's creation, or its last redrive).
-          (o.age_from + $4::interval < now())::boolean AS expired
+          (o.age_from + $5::interval < now())::boolean AS expired
 `
 
 type ClaimDueParams struct {
 	Lease     time.Duration
 	ClaimedBy pgtype.Text
+	LeaveNew  time.Duration
 	BatchSize int32
 	MaxAge    time.Duration
 }
@@ -74,6 +82,7 @@ func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]
 	rows, err := db.Query(ctx, claimDue,
 		arg.Lease,
 		arg.ClaimedBy,
+		arg.LeaveNew,
 		arg.BatchSize,
 		arg.MaxAge,
 	)

@@ -1,0 +1,24 @@
+-- The change-data-capture source's queries (outbox-sender/sender/cdc.go).
+
+-- name: ClaimStreamed :many
+-- Claims the rows whose inserts the stream announced, as ClaimDue claims
+-- due rows, with the same lease and the same answer, so that both sources
+-- share one delivery path. A row another sender holds, or one already
+-- delivered or dead, is not returned: it is settled as far as the stream
+-- is concerned, since the table carries it from there.
+WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true))
+UPDATE outbox o
+SET available_at = now() + @lease::interval,
+    lease_token  = gen_random_uuid(),
+    claimed_by   = @claimed_by,
+    attempts     = o.attempts + 1
+FROM (
+    SELECT id FROM outbox
+    WHERE id = ANY(@ids::bigint[]) AND state = 'pending' AND available_at <= now()
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+) due, no_flush_wait
+WHERE o.id = due.id
+RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
+          o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
+          (o.age_from + @max_age::interval < now())::boolean AS expired;

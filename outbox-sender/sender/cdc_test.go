@@ -1,0 +1,240 @@
+package sender
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+var slotCounter atomic.Int64
+
+// cdcDatabase is a fresh Student database for a cdc sender, with a slot
+// name of its own (slots belong to the whole cluster), and the config to
+// stream from it. The slot is dropped at cleanup, after the senders the
+// test starts have stopped: a database with a slot cannot be dropped.
+func cdcDatabase(t *testing.T, usersURL string) (*pgxpool.Pool, Config) {
+	t.Helper()
+	dbURL := pgtest.URL(t, migrations.Student)
+	pool := pgtest.Connect(t, dbURL)
+	var level string
+	require.NoError(t, pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level))
+	require.Equal(t, "logical", level,
+		"the cdc tests need a server with wal_level=logical: run them with make test, whose throwaway cluster has it, or restart the server of TEST_DATABASE_URL with it")
+	cfg := testConfig(usersURL)
+	cfg.Source = SourceCDC
+	cfg.CDCSlot = fmt.Sprintf("test_cdc_%d_%d", time.Now().UnixNano()%1e9, slotCounter.Add(1))
+	cfg.CDCDatabaseURL = pgtest.RoleURL(t, dbURL, migrations.OutboxCDC)
+	cfg.CDCGrace = time.Hour
+	cfg.DatabaseTimeout = 3 * time.Second
+	t.Cleanup(func() { dropSlot(t, pool, cfg.CDCSlot) })
+	return pool, cfg
+}
+
+// dropSlot drops the slot, ending whatever streams from it first.
+func dropSlot(t *testing.T, pool *pgxpool.Pool, slot string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		_, _ = pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
+		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+		if err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("could not drop replication slot %s", slot)
+}
+
+// slotConfirmed is the slot's confirmed position, 0 while it does not
+// exist.
+func slotConfirmed(t *testing.T, pool *pgxpool.Pool, slot string) pglogrepl.LSN {
+	t.Helper()
+	var lsn string
+	err := pool.QueryRow(context.Background(),
+		`SELECT COALESCE(max(confirmed_flush_lsn)::text, '0/0') FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&lsn)
+	require.NoError(t, err)
+	pos, err := pglogrepl.ParseLSN(lsn)
+	require.NoError(t, err)
+	return pos
+}
+
+// logBuffer collects a sender's log lines for the test to read.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// runLogged is run with the sender's log lines kept.
+func runLogged(t *testing.T, pool *pgxpool.Pool, cfg Config) (*running, *logBuffer) {
+	t.Helper()
+	logs := &logBuffer{}
+	return runWith(t, slog.New(slog.NewJSONHandler(logs, nil)), pool, cfg), logs
+}
+
+// TestStreamDeliversWithoutPolling: with the poll an hour away and new
+// rows left to the stream for an hour, only the slot can explain a
+// delivery within seconds. The slot is then confirmed past them.
+func TestStreamDeliversWithoutPolling(t *testing.T) {
+	t.Parallel()
+	users, url := newFakeUsers(t, nil)
+	pool, cfg := cdcDatabase(t, url)
+	cfg.PollInterval = time.Hour
+	r := run(t, pool, cfg)
+	eventually(t, "the sender streams from its slot", r.cdc.reading.Load)
+	require.False(t, r.cdc.fallback.Load())
+	before := slotConfirmed(t, pool, cfg.CDCSlot)
+
+	addStudents(t, pool, 20)
+	deliveredWithin(t, pool, 20, 5*time.Second, "every new row is delivered from the stream")
+	require.Equal(t, 20, users.keys())
+	require.Equal(t, 0, count(t, pool, "SELECT count(*) FROM students WHERE user_id IS NULL"))
+	eventually(t, "the slot is confirmed past the delivered rows", func() bool {
+		return slotConfirmed(t, pool, cfg.CDCSlot) > before
+	})
+	require.Equal(t, 20, results(r.metrics, "delivered"))
+	r.wait(t)
+}
+
+// TestStreamedRetriesGoThroughTheTable: a streamed row that fails is
+// scheduled for a retry in the table, and the poll, which leaves only new
+// rows to the stream, delivers it.
+func TestStreamedRetriesGoThroughTheTable(t *testing.T) {
+	t.Parallel()
+	users, url := newFakeUsers(t, func(w http.ResponseWriter, _ *http.Request, _ string, n int) bool {
+		if n == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return true
+		}
+		return false
+	})
+	pool, cfg := cdcDatabase(t, url)
+	r := run(t, pool, cfg)
+	eventually(t, "the sender streams from its slot", r.cdc.reading.Load)
+
+	addStudents(t, pool, 5)
+	deliveredWithin(t, pool, 5, 10*time.Second, "each row is delivered on its second attempt")
+	require.Equal(t, 5, count(t, pool, "SELECT count(*) FROM outbox WHERE attempts = 2"))
+	require.Equal(t, 5, users.keys())
+	r.wait(t)
+}
+
+// TestStandbyTakesOverTheSlot: one sender streams, a second stands by;
+// when the first stops, the second takes the slot over and delivers.
+func TestStandbyTakesOverTheSlot(t *testing.T) {
+	t.Parallel()
+	_, url := newFakeUsers(t, nil)
+	pool, cfg := cdcDatabase(t, url)
+	cfg.PollInterval = time.Hour
+	first := run(t, pool, cfg)
+	eventually(t, "the first sender streams", first.cdc.reading.Load)
+	second := cfg
+	second.ID = "test-sender-2"
+	standby := run(t, pool, second)
+	eventually(t, "the second stands by, leaving new rows to the stream", func() bool {
+		return !standby.cdc.fallback.Load() && standby.cdc.lastConfirmed.Load() == 0
+	})
+	time.Sleep(1500 * time.Millisecond) // more than one try to take the slot
+	require.False(t, standby.cdc.reading.Load(), "one reader per slot")
+
+	addStudents(t, pool, 5)
+	deliveredWithin(t, pool, 5, 5*time.Second, "the first delivers")
+	first.wait(t)
+	eventually(t, "the second takes the slot over", standby.cdc.reading.Load)
+	addStudents(t, pool, 5)
+	deliveredWithin(t, pool, 10, 5*time.Second, "the second delivers what comes next")
+	standby.wait(t)
+}
+
+// TestDroppedSlotFallsBackToPolling: a slot dropped by hand is logged as
+// an error, the rows committed meanwhile are delivered by the poll, and
+// the slot is created again.
+func TestDroppedSlotFallsBackToPolling(t *testing.T) {
+	t.Parallel()
+	_, url := newFakeUsers(t, nil)
+	pool, cfg := cdcDatabase(t, url)
+	cfg.CDCGrace = 300 * time.Millisecond
+	r, logs := runLogged(t, pool, cfg)
+	eventually(t, "the sender streams", r.cdc.reading.Load)
+	addStudents(t, pool, 3)
+	deliveredWithin(t, pool, 3, 5*time.Second, "delivered from the stream")
+
+	dropSlot(t, pool, cfg.CDCSlot)
+	addStudents(t, pool, 10)
+	deliveredWithin(t, pool, 13, 10*time.Second, "rows committed while the slot was gone are delivered")
+	eventually(t, "the loss is logged as an error", func() bool {
+		return strings.Contains(logs.String(), "replication slot is gone")
+	})
+	eventually(t, "the slot is created again and streamed", func() bool {
+		return r.cdc.reading.Load() && slotConfirmed(t, pool, cfg.CDCSlot) != 0
+	})
+	addStudents(t, pool, 2)
+	deliveredWithin(t, pool, 15, 5*time.Second, "and the stream delivers again")
+	r.wait(t)
+}
+
+// TestTrackerConfirmsOnlySettledPrefixes: the position passes a
+// transaction only once its rows and those of every transaction before it
+// are settled; keepalives move it only when nothing is unsettled.
+func TestTrackerConfirmsOnlySettledPrefixes(t *testing.T) {
+	t.Parallel()
+	tr := newTracker()
+	tr.reset(100)
+	tr.committed(200, time.Now(), []int64{1, 2})
+	tr.committed(300, time.Now(), []int64{3})
+	tr.committed(400, time.Now(), nil) // no outbox rows: passes with the rest
+	pos := func() pglogrepl.LSN { p, _ := tr.position(); return p }
+
+	require.Equal(t, []int64{1, 2}, tr.take(2))
+	require.Equal(t, 1, tr.queued())
+	tr.settle(3)
+	require.Equal(t, pglogrepl.LSN(100), pos(), "a later transaction settled first moves nothing")
+	tr.idle(1000)
+	require.Equal(t, pglogrepl.LSN(100), pos(), "a keepalive moves nothing while rows are unsettled")
+	tr.settle(1)
+	require.Equal(t, pglogrepl.LSN(100), pos())
+	tr.settle(2, 2, 99) // twice, and an id it never saw
+	p, rows := tr.position()
+	require.Equal(t, pglogrepl.LSN(400), p)
+	require.Equal(t, int64(3), rows)
+	require.Zero(t, tr.unsettled())
+	tr.idle(1000)
+	require.Equal(t, pglogrepl.LSN(1000), pos(), "with nothing unsettled a keepalive moves it")
+	tr.idle(900)
+	require.Equal(t, pglogrepl.LSN(1000), pos(), "never backwards")
+
+	tr.committed(1100, time.Now(), []int64{5})
+	ids := tr.take(10)
+	tr.retake(ids)
+	require.Equal(t, 1, tr.queued(), "a failed claim's rows are claimed again")
+	tr.reset(1000)
+	require.Zero(t, tr.queued())
+	tr.settle(5) // settles against nothing after a reset
+	require.Equal(t, pglogrepl.LSN(1000), pos())
+}
