@@ -34,6 +34,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/envconfig"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/services/users/usersvc"
@@ -74,12 +75,25 @@ type binary struct {
 	// role is the database role the binary runs as, whose password comes
 	// from passwordVar (or its _FILE form).
 	role, passwordVar string
+	// more are the binary's other connections, each as its own role: the
+	// sender's replication connection. Each must reach the same database
+	// as dbVar, and its password comes from a secret as role's does.
+	more []connection
 	// migrateVar holds "migrate"'s administrator URL ("" for a binary
 	// without migrations), and logins are the runtime roles that
 	// "migrate" gives a password.
 	migrateVar string
 	logins     []login
 	load       func(getenv func(string) string) (appConfig, error)
+}
+
+// connection is a database connection a binary opens as role, to the URL in
+// dbVar with the password from passwordVar (or its _FILE form).
+// replication says it streams changes from a replication slot, which
+// needs the database to run with wal_level=logical.
+type connection struct {
+	role, dbVar, passwordVar string
+	replication              bool
 }
 
 // login is a runtime role "migrate" sets the password of: from
@@ -95,6 +109,9 @@ type appConfig struct {
 	adminAddr  string
 	dbURL      string
 	migrateURL string // "" for a binary without migrations
+	// defaults are the loader's defaults, by variable: what the binary
+	// uses for a variable the service leaves unset.
+	defaults map[string]any
 }
 
 // binaries is keyed by binary name: `go build -o dir/ ./services/student`
@@ -106,10 +123,11 @@ var binaries = map[string]binary{
 		logins: []login{
 			{migrations.StudentApp, "STUDENT_DATABASE_PASSWORD", "student"},
 			{migrations.OutboxSender, "SENDER_DATABASE_PASSWORD", "outbox-sender"},
+			{migrations.OutboxCDC, "SENDER_CDC_DATABASE_PASSWORD", "outbox-sender"},
 		},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := studentsvc.LoadConfig(getenv)
-			return appConfig{names: r.Names(), addr: c.HTTPAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
+			return appConfig{names: r.Names(), defaults: defaults(r), addr: c.HTTPAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
 		},
 	},
 	"users": {
@@ -118,17 +136,40 @@ var binaries = map[string]binary{
 		logins: []login{{migrations.UsersApp, "USERS_DATABASE_PASSWORD", "users"}},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := usersvc.LoadConfig(getenv)
-			return appConfig{names: r.Names(), addr: c.HTTPAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
+			return appConfig{names: r.Names(), defaults: defaults(r), addr: c.HTTPAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
 		},
 	},
 	"outbox-sender": {
 		pkg: "./outbox-sender", addrVar: "SENDER_ADMIN_ADDR", adminVar: "SENDER_ADMIN_ADDR", dbVar: "SENDER_DATABASE_URL",
 		role: migrations.OutboxSender, passwordVar: "SENDER_DATABASE_PASSWORD",
+		// SENDER_SOURCE=cdc streams the outbox's inserts from the WAL over a
+		// replication connection. The compose file sets it up even while
+		// the sender polls, so that the switch is one variable.
+		more: []connection{{migrations.OutboxCDC, "SENDER_CDC_DATABASE_URL", "SENDER_CDC_DATABASE_PASSWORD", true}},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := sender.LoadConfig(getenv)
-			return appConfig{names: r.Names(), addr: c.AdminAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL}, err
+			return appConfig{names: r.Names(), defaults: defaults(r), addr: c.AdminAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL}, err
 		},
 	},
+}
+
+// defaults maps each variable a loader read to its default.
+func defaults(r *envconfig.Reader) map[string]any {
+	m := map[string]any{}
+	for _, v := range r.Vars() {
+		m[v.Name] = v.Default
+	}
+	return m
+}
+
+// value is what a service's binary sees in a string variable: the
+// service's setting, or the loader's default when it sets none.
+func (c appConfig) value(env types.MappingWithEquals, name string) string {
+	if v := getenvOf(env)(name); v != "" {
+		return v
+	}
+	def, _ := c.defaults[name].(string)
+	return def
 }
 
 // defaultPath is the PATH of distroless images, and the one Docker gives an
@@ -159,18 +200,34 @@ var checks = []check{
 	{"traces reach the collector", checkTracing},
 	{"prometheus scrapes the admin ports", checkScrapes},
 	{"grafana is provisioned", checkGrafana},
+	{"sender source follows the host", checkSenderSource},
+	{"database keeps WAL for a slot, within a bound", checkLogicalDecoding},
+}
+
+// hostEnvironments are the host environments the compose file is checked
+// under: none, as plain `docker compose up` sees it, and the one the header
+// of the file gives for the sender's cdc source. Each must be a deployment
+// that passes every check.
+var hostEnvironments = map[string]types.Mapping{
+	"plain":             {},
+	"SENDER_SOURCE=cdc": {"SENDER_SOURCE": "cdc"},
 }
 
 func TestCompose(t *testing.T) {
 	t.Parallel()
 	content, err := os.ReadFile(composeFile)
 	require.NoError(t, err)
-	d := loadDeployment(t, composeFile, content)
-	for _, c := range checks {
-		t.Run(c.name, func(t *testing.T) {
+	for name, env := range hostEnvironments {
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			problems := c.run(d)
-			require.Empty(t, problems, "docker-compose.yml:\n  %s", strings.Join(problems, "\n  "))
+			d := loadDeployment(t, composeFile, content, maps.Clone(env))
+			for _, c := range checks {
+				t.Run(c.name, func(t *testing.T) {
+					t.Parallel()
+					problems := c.run(d)
+					require.Empty(t, problems, "docker-compose.yml with host environment %v:\n  %s", env, strings.Join(problems, "\n  "))
+				})
+			}
 		})
 	}
 }
@@ -184,6 +241,7 @@ func TestComposeCheckerCatchesMistakes(t *testing.T) {
 services:
   student-db:
     image: postgres:15
+    command: ["postgres", "-c", "max_slot_wal_keep_size=-1"]
     environment:
       POSTGRES_DB: student
       POSTGRES_PASSWORD: pw
@@ -231,6 +289,7 @@ services:
     environment:
       SENDER_DATABASE_URL: postgres://postgres@users-db:5432/users
       SENDER_DATABASE_PASSWORD_FILE: /run/secrets/other_sender_password
+      SENDER_CDC_DATABASE_URL: postgres://outbox_cdc@student-db:5432/student
       SENDER_USERS_URL: http://users:8081
       SENDER_MAX_AGE: 48h
       SENDER_REQUEST_TIMEOUT: 2s
@@ -246,6 +305,8 @@ services:
     command: ["outbox-sender"]
     environment:
       SENDER_DATABASE_URL: postgres://postgres:pw@student-db:5432/student
+      SENDER_SOURCE: cdc
+      SENDER_CDC_DATABASE_URL: postgres://outbox_sender:pw@student-db:5432/student
   users-2:
     build: .
     command: ["users"]
@@ -256,6 +317,7 @@ services:
     profiles: [debug]
     environment:
       USERS_API_TOKENS: outbox-sender:users-knows-this-token-0123
+    secrets: [outbox_cdc_password]
   worker:
     build: .
     command: ["outbox-worker"]
@@ -284,10 +346,12 @@ secrets:
     file: deploy/secrets/outbox_sender_password.txt
   other_sender_password:
     file: deploy/secrets/users_app_password.txt
+  outbox_cdc_password:
+    file: deploy/secrets/outbox_cdc_password.txt
   lost_password:
     file: deploy/secrets/no-such-file.txt
 `
-	d := loadDeployment(t, filepath.Join(repoRoot, "broken-compose.yml"), []byte(broken))
+	d := loadDeployment(t, filepath.Join(repoRoot, "broken-compose.yml"), []byte(broken), types.Mapping{})
 	want := map[string][]string{
 		"required services": {
 			`"users-db" is missing`,
@@ -312,6 +376,8 @@ secrets:
 			`"student": STUDENT_DATABASE_URL logs in as "postgres", but student runs as its own role, "student_app"`,
 			`"users": USERS_DATABASE_URL points at "users-db", which is not a service`,
 			`"outbox-sender": SENDER_DATABASE_URL points at users-db/users, but the sender works on Student's database, student-db/student`,
+			`"outbox-sender": SENDER_CDC_DATABASE_URL points at student-db/student, but SENDER_DATABASE_URL points at users-db/users: both must reach the same database`,
+			`"outbox-sender-2": SENDER_CDC_DATABASE_URL logs in as "outbox_sender", but this connection runs as its own role, "outbox_cdc"`,
 		},
 		"database roles and secrets": {
 			`"student": the password of student_app is in STUDENT_DATABASE_URL: it must come from a secret, STUDENT_DATABASE_PASSWORD_FILE`,
@@ -319,6 +385,10 @@ secrets:
 			`"student-migrate": gives outbox_sender the password in secret "outbox_sender_password", but outbox-sender logs in with [other_sender_password]`,
 			`"outbox-sender-2": SENDER_DATABASE_PASSWORD_FILE does not name a secret mounted in the container`,
 			`secret "lost_password": file `,
+			`"student-migrate": SENDER_CDC_DATABASE_PASSWORD_FILE does not name a secret mounted in the container: migrate sets the password of outbox_cdc`,
+			`"outbox-sender": SENDER_CDC_DATABASE_PASSWORD_FILE does not name a secret mounted in the container`,
+			`"outbox-sender-2": the password of outbox_cdc is in SENDER_CDC_DATABASE_URL: it must come from a secret, SENDER_CDC_DATABASE_PASSWORD_FILE`,
+			`"users-migrate-2": gets secret "outbox_cdc_password", which none of its variables names`,
 		},
 		"users URL": {
 			`SENDER_USERS_URL=http://users:8081 uses port 8081, but "users" listens on 9091`,
@@ -373,6 +443,14 @@ secrets:
 			`"grafana": GF_AUTH_ANONYMOUS_ORG_ROLE=Admin lets anyone change the dashboard`,
 			`"grafana": dashboard provider "outboxref" (outboxref.yml) loads /var/lib/grafana/dashboards, where nothing is mounted`,
 		},
+		"sender source follows the host": {
+			`"outbox-sender": SENDER_SOURCE is not set, so the host's SENDER_SOURCE cannot switch it`,
+			`"outbox-sender-2": SENDER_SOURCE is "cdc" when the host sets none, want "poll"`,
+		},
+		"database keeps WAL for a slot, within a bound": {
+			`"student-db": wal_level is replica (the default), but "outbox-sender" streams from it (SENDER_CDC_DATABASE_URL)`,
+			`"student-db": max_slot_wal_keep_size is -1, no bound`,
+		},
 	}
 	require.Len(t, want, len(checks), "every check needs a mistake to catch")
 	for _, c := range checks {
@@ -385,6 +463,18 @@ secrets:
 			}
 		})
 	}
+	// The real file with a SENDER_SOURCE the sender does not know: the
+	// host's value must reach the sender and be refused there, not be
+	// replaced by the default on the way.
+	t.Run("unknown SENDER_SOURCE on the host", func(t *testing.T) {
+		t.Parallel()
+		content, err := os.ReadFile(composeFile)
+		require.NoError(t, err)
+		d := loadDeployment(t, composeFile, content, types.Mapping{"SENDER_SOURCE": "stream"})
+		got := strings.Join(checkEnvironment(d), "\n")
+		require.Contains(t, got, `"outbox-sender": outbox-sender rejects this environment`)
+		require.Contains(t, got, `SENDER_SOURCE="stream"`)
+	})
 }
 
 // deployment is a loaded compose project and the Dockerfiles it builds.
@@ -395,12 +485,15 @@ type deployment struct {
 	// secretVars maps, per service, each *_FILE variable that names a
 	// secret mounted in the service to that secret.
 	secretVars map[string]map[string]string
+	// env is the host environment the file was loaded with: what its
+	// ${VARIABLE} references were replaced from.
+	env types.Mapping
 }
 
 // loadDeployment parses a compose file as Docker Compose would, except that
-// no variable comes from the host environment or a .env file: the result
-// must not depend on who runs the test.
-func loadDeployment(t *testing.T, filename string, content []byte) *deployment {
+// variables come from env rather than the host environment or a .env
+// file: the result must not depend on who runs the test.
+func loadDeployment(t *testing.T, filename string, content []byte, env types.Mapping) *deployment {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), composeTimeout)
 	defer cancel()
@@ -409,7 +502,7 @@ func loadDeployment(t *testing.T, filename string, content []byte) *deployment {
 	project, err := loader.LoadWithContext(ctx, types.ConfigDetails{
 		WorkingDir:  filepath.Dir(abs),
 		ConfigFiles: []types.ConfigFile{{Filename: abs, Content: content}},
-		Environment: types.Mapping{},
+		Environment: env,
 	}, func(o *loader.Options) {
 		o.SetProjectName(composeProject, true)
 		o.ResolvePaths = true // build contexts become absolute, so we can stat them
@@ -420,7 +513,7 @@ func loadDeployment(t *testing.T, filename string, content []byte) *deployment {
 	})
 	require.NoError(t, err, "loading %s", filename)
 
-	d := &deployment{project: project, images: map[string]image{}, errs: map[string]error{}}
+	d := &deployment{project: project, env: env, images: map[string]image{}, errs: map[string]error{}}
 	d.resolveSecrets()
 	for _, s := range project.Services {
 		if s.Build == nil {
@@ -699,26 +792,12 @@ func (d *deployment) databaseOf(s types.ServiceConfig) (database, []string) {
 	if isMigration(s) {
 		dbURL, dbVar = cfg.migrateURL, b.migrateVar
 	}
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return database{}, []string{fmt.Sprintf("%q: %s: %v", s.Name, dbVar, err)}
+	u, db, problems := d.target(s, dbVar, dbURL)
+	if u == nil {
+		return db, problems
 	}
-	db := database{host: u.Hostname(), name: strings.TrimPrefix(u.Path, "/")}
-	dbSvc, ok := d.project.Services[db.host]
-	if !ok {
-		return db, []string{fmt.Sprintf("%q: %s points at %q, which is not a service", s.Name, dbVar, db.host)}
-	}
-	// The postgres image's defaults, from its documentation.
-	env := getenvOf(dbSvc.Environment)
-	user := cmp.Or(env("POSTGRES_USER"), "postgres")
-	name := cmp.Or(env("POSTGRES_DB"), user)
-	var problems []string
-	if db.name != name {
-		problems = append(problems, fmt.Sprintf("%q: %s names database %q, but %s's POSTGRES_DB is %q", s.Name, dbVar, db.name, db.host, name))
-	}
-	if p := u.Port(); p != "" && p != "5432" {
-		problems = append(problems, fmt.Sprintf("%q: %s uses port %s, but PostgreSQL in %s listens on 5432", s.Name, dbVar, p, db.host))
-	}
+	env := getenvOf(d.project.Services[db.host].Environment)
+	user := adminOf(d.project.Services[db.host])
 	switch {
 	case !isMigration(s) && u.User.Username() != b.role:
 		problems = append(problems, fmt.Sprintf("%q: %s logs in as %q, but %s runs as its own role, %q", s.Name, dbVar, u.User.Username(), binName, b.role))
@@ -740,13 +819,75 @@ func (d *deployment) databaseOf(s types.ServiceConfig) (database, []string) {
 	return db, problems
 }
 
+// target checks a database URL against the database service it names, and
+// returns it parsed and the database; the URL is nil when it does not parse
+// or names no service.
+func (d *deployment) target(s types.ServiceConfig, dbVar, dbURL string) (*url.URL, database, []string) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return nil, database{}, []string{fmt.Sprintf("%q: %s: %v", s.Name, dbVar, err)}
+	}
+	db := database{host: u.Hostname(), name: strings.TrimPrefix(u.Path, "/")}
+	dbSvc, ok := d.project.Services[db.host]
+	if !ok {
+		return nil, db, []string{fmt.Sprintf("%q: %s points at %q, which is not a service", s.Name, dbVar, db.host)}
+	}
+	var problems []string
+	// The postgres image's default database, from its documentation.
+	if name := cmp.Or(getenvOf(dbSvc.Environment)("POSTGRES_DB"), adminOf(dbSvc)); db.name != name {
+		problems = append(problems, fmt.Sprintf("%q: %s names database %q, but %s's POSTGRES_DB is %q", s.Name, dbVar, db.name, db.host, name))
+	}
+	if p := u.Port(); p != "" && p != "5432" {
+		problems = append(problems, fmt.Sprintf("%q: %s uses port %s, but PostgreSQL in %s listens on 5432", s.Name, dbVar, p, db.host))
+	}
+	return u, db, problems
+}
+
+// adminOf is the bootstrap superuser of a service running the postgres
+// image (its default, from the image's documentation, is postgres).
+func adminOf(dbSvc types.ServiceConfig) string {
+	return cmp.Or(getenvOf(dbSvc.Environment)("POSTGRES_USER"), "postgres")
+}
+
+// connectionsOf checks a runtime service's other connections (binary.more)
+// and returns their URLs as the binary sees them, by variable. Each must
+// log in as its own role to the database the service's main connection
+// uses (main): the sender's replication slot and publication are in
+// Student's database, next to the outbox.
+func (d *deployment) connectionsOf(s types.ServiceConfig, main database) (map[string]*url.URL, []string) {
+	_, b, ok := binaryOf(s)
+	if !ok || isMigration(s) {
+		return nil, nil
+	}
+	cfg, _ := config(s)
+	var problems []string
+	urls := map[string]*url.URL{}
+	for _, c := range b.more {
+		u, db, p := d.target(s, c.dbVar, cfg.value(s.Environment, c.dbVar))
+		problems = append(problems, p...)
+		if u == nil {
+			continue
+		}
+		urls[c.dbVar] = u
+		if db != main {
+			problems = append(problems, fmt.Sprintf("%q: %s points at %s, but %s points at %s: both must reach the same database", s.Name, c.dbVar, db, b.dbVar, main))
+		}
+		if u.User.Username() != c.role {
+			problems = append(problems, fmt.Sprintf("%q: %s logs in as %q, but this connection runs as its own role, %q", s.Name, c.dbVar, u.User.Username(), c.role))
+		}
+	}
+	return urls, problems
+}
+
 // checkRoleSecrets: each service's database password comes from a Docker
 // secret, and each container gets only the secrets it needs. A runtime
-// service gets its own role's password and no other: a container that
-// could read another role's password could use that role's grants. A
-// migration gets the administrator's and those of the runtime roles it
-// sets, and must give each role the very secret the role's service logs in
-// with, or the service is locked out after the first migration.
+// service gets its own roles' passwords and no other (the sender has two
+// roles: outbox_sender, and outbox_cdc for its replication connection): a
+// container that could read another role's password could use that
+// role's grants. A migration gets the administrator's and those of the
+// runtime roles it sets, and must give each role the very secret the
+// role's service logs in with, or the service is locked out after the
+// first migration.
 func checkRoleSecrets(d *deployment) []string {
 	var problems []string
 	loginSecret := map[string]map[string]string{} // role → secret → a service logging in with it
@@ -764,24 +905,45 @@ func checkRoleSecrets(d *deployment) []string {
 		if _, inline := s.Environment[b.passwordVar]; inline {
 			problems = append(problems, fmt.Sprintf("%q: %s is set inline: the password of %s must come from a secret, %s_FILE", s.Name, b.passwordVar, b.role, b.passwordVar))
 		}
-		own := d.secretVars[s.Name][b.passwordVar+"_FILE"]
-		if own == "" {
-			problems = append(problems, fmt.Sprintf("%q: %s_FILE does not name a secret mounted in the container: %s logs in with its password from one", s.Name, b.passwordVar, name))
-		} else {
-			if loginSecret[b.role] == nil {
-				loginSecret[b.role] = map[string]string{}
+		// Its other connections' passwords come from secrets too, whether
+		// or not the binary opens them with this environment: the sender's
+		// replication connection is set up while it polls, so that
+		// SENDER_SOURCE=cdc is all it takes to switch.
+		roles := []string{b.role}
+		cons := []connection{{role: b.role, dbVar: b.dbVar, passwordVar: b.passwordVar}}
+		for _, c := range b.more {
+			roles = append(roles, c.role)
+			cons = append(cons, c)
+			if u, err := url.Parse(cfg.value(s.Environment, c.dbVar)); err == nil {
+				if _, inURL := u.User.Password(); inURL && d.secretVars[s.Name][c.passwordVar+"_FILE"] == "" {
+					problems = append(problems, fmt.Sprintf("%q: the password of %s is in %s: it must come from a secret, %s_FILE", s.Name, c.role, c.dbVar, c.passwordVar))
+				}
 			}
-			loginSecret[b.role][own] = s.Name
+			if _, inline := s.Environment[c.passwordVar]; inline {
+				problems = append(problems, fmt.Sprintf("%q: %s is set inline: the password of %s must come from a secret, %s_FILE", s.Name, c.passwordVar, c.role, c.passwordVar))
+			}
+		}
+		mine := map[string]bool{}
+		for _, c := range cons {
+			own := d.secretVars[s.Name][c.passwordVar+"_FILE"]
+			if own == "" {
+				problems = append(problems, fmt.Sprintf("%q: %s_FILE does not name a secret mounted in the container: %s logs in as %s with its password from one", s.Name, c.passwordVar, name, c.role))
+				continue
+			}
+			if loginSecret[c.role] == nil {
+				loginSecret[c.role] = map[string]string{}
+			}
+			loginSecret[c.role][own] = s.Name
+			mine[own] = true
 		}
 		// Its other secrets are those its own variables name, such as
 		// Users' API tokens: never another role's password.
-		mine := map[string]bool{own: true}
 		for _, secret := range d.secretVars[s.Name] {
 			mine[secret] = true
 		}
 		for _, ref := range s.Secrets {
 			if !mine[ref.Source] {
-				problems = append(problems, fmt.Sprintf("%q: gets secret %q, which is not its own: each service gets only the password of its role, %s", s.Name, ref.Source, b.role))
+				problems = append(problems, fmt.Sprintf("%q: gets secret %q, which is not its own: each service gets only the passwords of its roles, %s", s.Name, ref.Source, strings.Join(roles, " and ")))
 			}
 		}
 	}
@@ -797,6 +959,24 @@ func checkRoleSecrets(d *deployment) []string {
 				problems = append(problems, fmt.Sprintf("%q: %s_FILE does not name a secret mounted in the container: migrate sets the password of %s from it", s.Name, l.passwordVar, l.role))
 			case len(loginSecret[l.role]) > 0 && loginSecret[l.role][secret] == "":
 				problems = append(problems, fmt.Sprintf("%q: gives %s the password in secret %q, but %s logs in with %v", s.Name, l.role, secret, l.binary, slices.Sorted(maps.Keys(loginSecret[l.role]))))
+			}
+		}
+	}
+	// A migration, or a service not running our code (PostgreSQL), gets
+	// only the secrets its own variables name: a password nothing in the
+	// container reads is only one more place for it to leak from.
+	for _, name := range slices.Sorted(maps.Keys(d.project.Services)) {
+		s := d.project.Services[name]
+		if _, _, ok := binaryOf(s); ok && !isMigration(s) {
+			continue // checked above
+		}
+		named := map[string]bool{}
+		for _, secret := range d.secretVars[name] {
+			named[secret] = true
+		}
+		for _, ref := range s.Secrets {
+			if !named[ref.Source] {
+				problems = append(problems, fmt.Sprintf("%q: gets secret %q, which none of its variables names", name, ref.Source))
 			}
 		}
 	}
@@ -823,6 +1003,8 @@ func checkDatabases(d *deployment) []string {
 			continue
 		}
 		db, p := d.databaseOf(s)
+		problems = append(problems, p...)
+		_, p = d.connectionsOf(s, db)
 		problems = append(problems, p...)
 		if byBinary[name] == nil {
 			byBinary[name] = map[database][]string{}
@@ -1144,6 +1326,134 @@ func checkCallers(d *deployment) []string {
 		}
 	}
 	return problems
+}
+
+// checkSenderSource: the sender's source is the host's SENDER_SOURCE, poll
+// when the host sets none, so that plain `docker compose up` polls (which
+// asks nothing of PostgreSQL's configuration) and `SENDER_SOURCE=cdc docker
+// compose up` streams without an edit to the file. Whether the sender
+// accepts the value is checkEnvironment's to say: it runs the loader.
+func checkSenderSource(d *deployment) []string {
+	var problems []string
+	want, host := "poll", "sets none"
+	if v := d.env["SENDER_SOURCE"]; v != "" {
+		want, host = v, fmt.Sprintf("sets %q", v)
+	}
+	for _, s := range d.servingGoServices() {
+		if name, _, _ := binaryOf(s); name != "outbox-sender" {
+			continue
+		}
+		switch got := getenvOf(s.Environment)("SENDER_SOURCE"); {
+		case got == "":
+			problems = append(problems, fmt.Sprintf("%q: SENDER_SOURCE is not set, so the host's SENDER_SOURCE cannot switch it: write ${SENDER_SOURCE:-poll}", s.Name))
+		case got != want:
+			problems = append(problems, fmt.Sprintf("%q: SENDER_SOURCE is %q when the host %s, want %q: write ${SENDER_SOURCE:-poll}", s.Name, got, host, want))
+		}
+	}
+	return problems
+}
+
+// checkLogicalDecoding: the database a sender's replication connection
+// reaches runs with wal_level=logical, without which the sender cannot
+// create its slot and SENDER_SOURCE=cdc fails at start, and with
+// max_slot_wal_keep_size bounding the WAL a slot may hold. Without the
+// bound a stuck or abandoned slot keeps WAL until the disk is full and
+// PostgreSQL stops; past it PostgreSQL invalidates the slot, and the
+// sender falls back to polling and creates the slot again.
+func checkLogicalDecoding(d *deployment) []string {
+	var problems []string
+	seen := map[string]bool{}
+	for _, s := range d.servingGoServices() {
+		_, b, _ := binaryOf(s)
+		main, _ := d.databaseOf(s)
+		urls, _ := d.connectionsOf(s, main)
+		for _, c := range b.more {
+			u := urls[c.dbVar]
+			if !c.replication || u == nil || seen[u.Hostname()] {
+				continue // checkDatabases reports a URL that reaches no service
+			}
+			seen[u.Hostname()] = true
+			dbSvc := d.project.Services[u.Hostname()]
+			settings, ok := postgresSettings(dbSvc.Command)
+			if !ok {
+				problems = append(problems, fmt.Sprintf("%q: runs %q, so its settings cannot be checked: want [\"postgres\", \"-c\", \"wal_level=logical\", ...]", dbSvc.Name, dbSvc.Command))
+				continue
+			}
+			if v := cmp.Or(settings["wal_level"], "replica (the default)"); v != "logical" {
+				problems = append(problems, fmt.Sprintf("%q: wal_level is %s, but %q streams from it (%s): set -c wal_level=logical in its command", dbSvc.Name, v, s.Name, c.dbVar))
+			}
+			v := cmp.Or(settings["max_slot_wal_keep_size"], "-1")
+			switch n, err := walSize(v); {
+			case err != nil:
+				problems = append(problems, fmt.Sprintf("%q: max_slot_wal_keep_size=%s: %v", dbSvc.Name, v, err))
+			case n < 0:
+				problems = append(problems, fmt.Sprintf("%q: max_slot_wal_keep_size is %s, no bound: a slot nobody reads would keep WAL until the disk is full; set a bound such as -c max_slot_wal_keep_size=1GB", dbSvc.Name, v))
+			case n == 0:
+				problems = append(problems, fmt.Sprintf("%q: max_slot_wal_keep_size is 0, so a slot may lose its WAL as soon as its reader falls behind; want a bound such as 1GB", dbSvc.Name))
+			}
+		}
+	}
+	return problems
+}
+
+// postgresSettings returns the server settings a postgres container's
+// command sets (-c name=value, -cname=value or --name=value; a dash in a
+// name is an underscore), and false when the command does not run the
+// server. The image runs "postgres" with no settings when the command is
+// empty, and runs "postgres" with the command as its arguments when the
+// command starts with an option.
+func postgresSettings(cmd []string) (map[string]string, bool) {
+	settings := map[string]string{}
+	if len(cmd) == 0 {
+		return settings, true
+	}
+	args := cmd
+	switch {
+	case strings.HasPrefix(cmd[0], "-"):
+	case path.Base(cmd[0]) == "postgres":
+		args = cmd[1:]
+	default:
+		return nil, false
+	}
+	for i := 0; i < len(args); i++ {
+		var kv string
+		switch a := args[i]; {
+		case a == "-c" && i+1 < len(args):
+			kv = args[i+1]
+			i++
+		case strings.HasPrefix(a, "-c"):
+			kv = strings.TrimPrefix(a, "-c")
+		case strings.HasPrefix(a, "--"):
+			kv = strings.TrimPrefix(a, "--")
+		default:
+			continue
+		}
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			settings[strings.ReplaceAll(strings.ToLower(k), "-", "_")] = v
+		}
+	}
+	return settings, true
+}
+
+// walSize reads a PostgreSQL size setting in bytes: a whole number with
+// one of its units (B, kB, MB, GB, TB), megabytes when it has none, as
+// max_slot_wal_keep_size has. A negative number stays negative.
+func walSize(v string) (int64, error) {
+	n, mult := strings.TrimSpace(v), int64(1<<20)
+	for _, u := range []struct {
+		suffix string
+		bytes  int64
+	}{{"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"kB", 1 << 10}, {"B", 1}} {
+		if rest, ok := strings.CutSuffix(n, u.suffix); ok {
+			n, mult = strings.TrimSpace(rest), u.bytes
+			break
+		}
+	}
+	i, err := strconv.ParseInt(n, 10, 64)
+	if err != nil {
+		return 0, errors.New("want a size such as 1GB (units B, kB, MB, GB, TB)")
+	}
+	return i * mult, nil
 }
 
 // observabilityProfile is the compose profile that adds what watches the
