@@ -13,10 +13,12 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/testkit/pgcluster"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
@@ -237,4 +239,103 @@ func TestTrackerConfirmsOnlySettledPrefixes(t *testing.T) {
 	require.Zero(t, tr.queued())
 	tr.settle(5) // settles against nothing after a reset
 	require.Equal(t, pglogrepl.LSN(1000), pos())
+}
+
+// TestSlotMetrics: in cdc mode the admin port serves the slot's state: it
+// exists, is healthy and streamed by this sender, which received every
+// insert; once the slot is dropped, slot_ok says so.
+func TestSlotMetrics(t *testing.T) {
+	t.Parallel()
+	_, url := newFakeUsers(t, nil)
+	pool, cfg := cdcDatabase(t, url)
+	cfg.PollInterval = time.Hour
+	r := run(t, pool, cfg)
+	admin := adminRouter(quiet, r.pool, r.Sender, cfg)
+	eventually(t, "the sender streams", r.cdc.reading.Load)
+	addStudents(t, pool, 7)
+	deliveredWithin(t, pool, 7, 5*time.Second, "delivered from the stream")
+
+	eventually(t, "the slot's figures", func() bool {
+		code, body := scrape(t, admin)
+		require.Equal(t, http.StatusOK, code)
+		for _, want := range []string{
+			"outbox_cdc_slot_ok 1", "outbox_cdc_slot_active 1", "outbox_cdc_reading 1", "outbox_cdc_fallback 0",
+			"outbox_cdc_changes_total 7", "outbox_cdc_slot_lag_seconds 0", "\noutbox_cdc_retained_wal_bytes ", "\noutbox_cdc_slot_lag_bytes ",
+		} {
+			if !strings.Contains(body, want) {
+				return false
+			}
+		}
+		return true
+	})
+	// A polling sender serves none of it.
+	poller := New(quiet, r.pool, testConfig(url))
+	_, body := scrape(t, adminRouter(quiet, r.pool, poller, testConfig(url)))
+	require.NotContains(t, body, "outbox_cdc_")
+
+	r.wait(t)
+	dropSlot(t, pool, cfg.CDCSlot)
+	_, body = scrape(t, admin)
+	require.Contains(t, body, "outbox_cdc_slot_ok 0")
+	require.Contains(t, body, "outbox_cdc_reading 0")
+	require.NotContains(t, body, "outbox_cdc_retained_wal_bytes ", "no slot, no figure")
+}
+
+// TestInvalidatedSlotIsReplaced: a slot that PostgreSQL invalidated for
+// holding more WAL than max_slot_wal_keep_size is logged as an error,
+// dropped and made again, and the rows committed while it was unread are
+// delivered. It runs on a server of its own: the setting is the whole
+// server's, and would invalidate other tests' slots.
+func TestInvalidatedSlotIsReplaced(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	require.NoError(t, err, "this test starts a PostgreSQL cluster of its own (it changes a server-wide setting)")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		require.NoError(t, c.Cleanup(ctx))
+	})
+	dbURL, err := c.CreateDatabase(ctx, "student")
+	require.NoError(t, err)
+	admin, err := pgx.ParseConfig(dbURL)
+	require.NoError(t, err)
+	require.NoError(t, migrations.Migrate(ctx, admin, migrations.Student, pgtest.Passwords))
+	pool := pgtest.Connect(t, dbURL)
+
+	_, url := newFakeUsers(t, nil)
+	cfg := testConfig(url)
+	cfg.Source, cfg.CDCSlot, cfg.CDCGrace = SourceCDC, "invalidated", 300*time.Millisecond
+	cfg.CDCDatabaseURL = pgtest.RoleURL(t, dbURL, migrations.OutboxCDC)
+	cfg.DatabaseTimeout = 3 * time.Second
+	first := run(t, pool, cfg)
+	eventually(t, "the first sender streams", first.cdc.reading.Load)
+	first.wait(t)
+
+	// Rows committed while nobody reads the slot, then enough WAL past
+	// them, and a checkpoint, for the server to give the slot up.
+	addStudents(t, pool, 5)
+	for _, sql := range []string{
+		"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()",
+		"CREATE TABLE filler AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, 20000) g",
+		"SELECT pg_switch_wal()", "CHECKPOINT", "SELECT pg_switch_wal()", "CHECKPOINT",
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'invalidated'").Scan(&status))
+	require.Equal(t, "lost", status, "the test needs the server to invalidate the slot")
+
+	second, logs := runLogged(t, pool, cfg)
+	deliveredWithin(t, pool, 5, 15*time.Second, "the rows committed while the slot was unread are delivered")
+	eventually(t, "the invalidation is logged as an error", func() bool {
+		return strings.Contains(logs.String(), "replication slot invalidated")
+	})
+	eventually(t, "a new slot is made and streamed", second.cdc.reading.Load)
+	addStudents(t, pool, 2)
+	deliveredWithin(t, pool, 7, 5*time.Second, "and the stream delivers again")
+	second.wait(t)
+	dropSlot(t, pool, cfg.CDCSlot)
 }

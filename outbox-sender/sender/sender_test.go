@@ -596,6 +596,7 @@ func TestConfig(t *testing.T) {
 	cfg, r, err := LoadConfig(env())
 	require.NoError(t, err, "the defaults are consistent")
 	require.Equal(t, 100, cfg.BatchSize)
+	require.Equal(t, SourcePoll, cfg.Source, "polling stays the default")
 	require.Contains(t, r.Names(), "SENDER_MAX_AGE")
 	// With the defaults SENDER_MAX_AGE, not the attempt cap, ends retries:
 	// even if every delay were the shortest a capped backoff can draw (half
@@ -608,6 +609,11 @@ func TestConfig(t *testing.T) {
 		{"SENDER_USERS_URL", "users:8081"},
 		{"SENDER_LEASE", "2s"},
 		{"SENDER_BACKOFF_MIN", "10m"},
+		{"SENDER_SOURCE", "stream"},
+		{"SENDER_CDC_SLOT", "Outbox-Slot"},
+		{"SENDER_CDC_SLOT", strings.Repeat("s", 64)},
+		{"SENDER_CDC_GRACE", "0s"},
+		{"SENDER_CDC_DATABASE_URL", "mysql://x"},
 	} {
 		_, _, err := LoadConfig(env(bad...))
 		require.ErrorContains(t, err, bad[0], "%v", bad)
