@@ -510,14 +510,20 @@ func (s *Sender) leaveNew() time.Duration {
 	return s.cfg.CDCGrace
 }
 
-// settled tells the stream that a batch's rows are settled.
+// settled tells the stream that a batch's rows are settled: their
+// answers are recorded, or, if recording failed for good, their leases
+// will bring them back to the poll. Rows handed back unsent at shutdown
+// are left unsettled, so the slot replays them to whichever sender reads
+// it next, which claims them at once rather than after SENDER_CDC_GRACE.
 func (s *Sender) settled(batch []result) {
 	if s.cdc == nil {
 		return
 	}
-	ids := make([]int64, len(batch))
-	for i, r := range batch {
-		ids[i] = r.row.ID
+	ids := make([]int64, 0, len(batch))
+	for _, r := range batch {
+		if r.verdict != release {
+			ids = append(ids, r.row.ID)
+		}
 	}
 	s.cdc.tr.settle(ids...)
 }

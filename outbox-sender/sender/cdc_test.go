@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
@@ -338,4 +339,45 @@ func TestInvalidatedSlotIsReplaced(t *testing.T) {
 	deliveredWithin(t, pool, 7, 5*time.Second, "and the stream delivers again")
 	second.wait(t)
 	dropSlot(t, pool, cfg.CDCSlot)
+}
+
+// TestRowsHandedBackAreReplayed: rows a stopping sender claimed from the
+// stream but never sent are left unconfirmed, so the slot replays them to
+// the next reader, which delivers them at once: with the poll an hour away
+// and new rows left to the stream for an hour, nothing else could.
+func TestRowsHandedBackAreReplayed(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{}, 10)
+	proceed := make(chan struct{})
+	var hold atomic.Bool
+	hold.Store(true)
+	_, url := newFakeUsers(t, func(_ http.ResponseWriter, _ *http.Request, _ string, _ int) bool {
+		if hold.Load() {
+			entered <- struct{}{}
+			<-proceed
+		}
+		return false
+	})
+	pool, cfg := cdcDatabase(t, url)
+	cfg.PollInterval = time.Hour
+	cfg.Concurrency, cfg.BatchSize, cfg.RequestTimeout = 1, 5, 5*time.Second
+	first := run(t, pool, cfg)
+	eventually(t, "the first sender streams", first.cdc.reading.Load)
+	addStudents(t, pool, 5)
+	<-entered
+	eventually(t, "all five claimed", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE lease_token IS NOT NULL") == 5
+	})
+	first.cancel()
+	hold.Store(false)
+	close(proceed)
+	first.wait(t)
+	require.Equal(t, 4, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'pending' AND attempts = 0"), "four handed back")
+
+	second := run(t, pool, cfg)
+	deliveredWithin(t, pool, 5, 5*time.Second, "the rows handed back are delivered")
+	// Starting up, a sender polls until it streams, so the delivery alone
+	// does not show the replay; the stream's count does.
+	eventually(t, "the slot replays the four", func() bool { return testutil.ToFloat64(second.metrics.cdcChanges) >= 4 })
+	second.wait(t)
 }
