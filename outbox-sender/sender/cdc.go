@@ -67,8 +67,16 @@ const (
 	confirmEvery = 100 * time.Millisecond
 	// heartbeatEvery is the longest the reader stays silent: the server
 	// ends a replication connection silent for wal_sender_timeout (60s by
-	// default, 15s in docker-compose.yml).
+	// default, 15s in docker-compose.yml). Each heartbeat asks the server
+	// to answer at once.
 	heartbeatEvery = 5 * time.Second
+	// silenceLimit is how long the reader waits for any message, having
+	// asked for one with each heartbeat, before it gives the connection
+	// up. A frozen connection (a proxy or a host that stopped answering
+	// without closing) would otherwise look like a quiet outbox for ever:
+	// TCP's own timeouts do not help when something between the two ends
+	// keeps acknowledging.
+	silenceLimit = 3 * heartbeatEvery
 	// standbyEvery is how often a sender that found the slot busy tries
 	// to take it over.
 	standbyEvery = time.Second
@@ -92,6 +100,9 @@ type cdc struct {
 	// streamed is set once this process has streamed from the slot: its
 	// disappearance after that is news, not a first start.
 	streamed bool
+	// lastPID is the server process of this sender's last replication
+	// connection.
+	lastPID uint32
 }
 
 func newCDC(s *Sender) *cdc {
@@ -109,9 +120,17 @@ func (c *cdc) run(ctx context.Context) {
 	failures := 0
 	standing := false
 	for ctx.Err() == nil {
-		err := c.session(ctx)
+		streamed, err := c.session(ctx)
 		if ctx.Err() != nil {
+			if err != nil {
+				c.log.Debug("stop streaming", slog.String("error", err.Error()))
+			}
 			return
+		}
+		if streamed {
+			// A stream that ended is news however long it ran; the
+			// count of failures starts again.
+			failures = 0
 		}
 		wait := standbyEvery
 		switch {
@@ -161,45 +180,51 @@ func hint(err error) string {
 }
 
 // session connects, makes sure the slot exists and can be read, and
-// streams from it until ctx ends or the connection fails.
-func (c *cdc) session(ctx context.Context) error {
+// streams from it until ctx ends or the connection fails. streamed says
+// whether it got as far as streaming.
+func (c *cdc) session(ctx context.Context) (streamed bool, err error) {
 	cfg, err := database.Config(c.s.cfg.CDCDatabaseURL, database.Limits{})
 	if err != nil {
-		return fmt.Errorf("SENDER_CDC_DATABASE_URL: %w", err)
+		return false, fmt.Errorf("SENDER_CDC_DATABASE_URL: %w", err)
 	}
 	conf := cfg.ConnConfig.Config.Copy()
+	if db := c.s.pool.Config().ConnConfig.Database; conf.Database != db {
+		// The slot would decode one database while the rows are claimed
+		// in another: every streamed id would be meaningless.
+		return false, fmt.Errorf("SENDER_CDC_DATABASE_URL names database %q, SENDER_DATABASE_URL %q: both must be Student's", conf.Database, db)
+	}
 	// A logical replication connection to Student's database: it takes
 	// replication commands and still answers plain SQL.
 	conf.RuntimeParams["replication"] = "database"
 	conf.RuntimeParams["application_name"] = "outbox-sender cdc"
+	// Not the server-side TCP_USER_TIMEOUT every other connection gets: a
+	// reader holding back for memory (maxUnsettled) leaves the server's
+	// data unacknowledged, and the server's kernel would reset the
+	// connection after 15s. The server ends a reader that stops answering
+	// at wal_sender_timeout instead, and the reader notices a silent server
+	// by its own silenceLimit.
+	conf.RuntimeParams["tcp_user_timeout"] = "0"
 	cctx, cancel := context.WithTimeout(ctx, database.ConnectTimeout)
 	conn, err := pgconn.ConnectConfig(cctx, conf)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return false, fmt.Errorf("connect: %w", err)
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
+	// Remembered so that the next session can tell this connection, should
+	// it outlive the sender's hold on it, from another sender's.
+	defer func(pid uint32) { c.lastPID = pid }(conn.PID())
 
 	from, err := c.ensureSlot(ctx, conn)
 	if err != nil {
-		return err
+		return false, err
 	}
-	sctx, cancel := database.WithDeadline(ctx, c.s.cfg.DatabaseTimeout)
-	// Position 0: from where the slot was last confirmed.
-	err = pglogrepl.StartReplication(sctx, conn, c.s.cfg.CDCSlot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + Publication + "'"},
-	})
-	cancel()
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
-			return errSlotBusy
-		}
-		return fmt.Errorf("start replication: %w", err)
+	if err := c.start(ctx, conn); err != nil {
+		return false, err
 	}
 	c.tr.reset(from)
 	c.reading.Store(true)
@@ -207,13 +232,47 @@ func (c *cdc) session(ctx context.Context) error {
 	defer c.reading.Store(false)
 	c.streamed = true
 	c.log.Info("streaming the outbox from the replication slot", slog.String("from", from.String()))
-	return c.stream(ctx, conn, from)
+	return true, c.stream(ctx, conn, from)
+}
+
+// start starts streaming from the slot's confirmed position. A slot held
+// by this sender's own earlier connection (given up as silent, but not yet
+// ended by the server, which waits wal_sender_timeout) is taken back: the
+// earlier connection is ended, which its role may do. A slot held by any
+// other connection is errSlotBusy.
+func (c *cdc) start(ctx context.Context, conn *pgconn.PgConn) error {
+	for attempt := 1; ; attempt++ {
+		sctx, cancel := database.WithDeadline(ctx, c.s.cfg.DatabaseTimeout)
+		// Position 0: from where the slot was last confirmed.
+		err := pglogrepl.StartReplication(sctx, conn, c.s.cfg.CDCSlot, 0, pglogrepl.StartReplicationOptions{
+			PluginArgs: []string{"proto_version '1'", "publication_names '" + Publication + "'"},
+		})
+		cancel()
+		if !isCode(err, "55006") { // object_in_use: another connection streams from it
+			if err != nil {
+				return fmt.Errorf("start replication: %w", err)
+			}
+			return nil
+		}
+		st, ok, rerr := c.readSlot(ctx)
+		if rerr != nil || !ok || attempt > 1 || c.lastPID == 0 || st.activePID != c.lastPID {
+			return errSlotBusy
+		}
+		c.log.Warn("the replication slot is still held by this sender's previous connection; ending it", slog.Int("pid", int(st.activePID)))
+		tctx, cancel := database.WithDeadline(ctx, c.s.cfg.DatabaseTimeout)
+		_, err = conn.Exec(tctx, fmt.Sprintf("SELECT pg_terminate_backend(%d, 5000)", st.activePID)).ReadAll()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("end this sender's previous replication connection: %w", err)
+		}
+	}
 }
 
 // slotState is a replication slot as pg_replication_slots shows it.
 type slotState struct {
 	database  string // the database it decodes
 	active    bool   // a connection streams from it
+	activePID uint32 // the server process of that connection
 	walStatus string // "lost" once invalidated
 	confirmed pglogrepl.LSN
 	lagBytes  float64 // WAL written since its confirmed position
@@ -228,11 +287,11 @@ func (c *cdc) readSlot(ctx context.Context) (st slotState, ok bool, err error) {
 	defer cancel()
 	var confirmed pgtype.Text
 	err = c.s.pool.QueryRow(ctx, `
-		SELECT database, active, COALESCE(wal_status, ''), confirmed_flush_lsn::text,
+		SELECT database, active, COALESCE(active_pid, 0), COALESCE(wal_status, ''), confirmed_flush_lsn::text,
 		       COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::float8,
 		       COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::float8
 		FROM pg_replication_slots WHERE slot_name = $1`, c.s.cfg.CDCSlot).
-		Scan(&st.database, &st.active, &st.walStatus, &confirmed, &st.lagBytes, &st.retained)
+		Scan(&st.database, &st.active, &st.activePID, &st.walStatus, &confirmed, &st.lagBytes, &st.retained)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, false, nil
 	}
@@ -260,10 +319,14 @@ func (c *cdc) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LS
 	case ok && st.walStatus == "lost":
 		c.fallback.Store(true)
 		c.log.Error("replication slot invalidated: it held more WAL than max_slot_wal_keep_size allows, so PostgreSQL removed WAL it had not confirmed; rows since were not streamed and the poll claims them after SENDER_CDC_GRACE; dropping the slot and creating it again")
+		// Dropped only if still invalidated: another sender may have
+		// dropped it and made a new one meanwhile. (The config allows only
+		// letters, digits and underscores in the name.)
 		dctx, cancel := database.WithDeadline(ctx, c.s.cfg.DatabaseTimeout)
-		err := pglogrepl.DropReplicationSlot(dctx, conn, c.s.cfg.CDCSlot, pglogrepl.DropReplicationSlotOptions{})
+		_, err := conn.Exec(dctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '"+
+			c.s.cfg.CDCSlot+"' AND wal_status = 'lost'").ReadAll()
 		cancel()
-		if err != nil && !isCode(err, "42704") { // undefined_object: another sender dropped it first
+		if err != nil {
 			return 0, fmt.Errorf("drop invalidated replication slot: %w", err)
 		}
 	case ok:
@@ -292,6 +355,15 @@ func (c *cdc) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LS
 		return 0, fmt.Errorf("create replication slot: consistent point %q: %w", res.ConsistentPoint, err)
 	}
 	c.log.Info("created the replication slot", slog.String("from", from.String()))
+	if !c.streamed {
+		// A first start, or a slot dropped while no sender ran: rows
+		// already waiting were never announced, and wait for the poll.
+		var pending int
+		if err := c.s.pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE state = 'pending'").Scan(&pending); err == nil && pending > 0 {
+			c.log.Warn("the new replication slot streams only rows committed from now on; the rows pending already are claimed by the poll after SENDER_CDC_GRACE",
+				slog.Int("pending", pending))
+		}
+	}
 	return from, nil
 }
 
@@ -311,17 +383,22 @@ func (c *cdc) stream(ctx context.Context, conn *pgconn.PgConn, from pglogrepl.LS
 		sent      = from // the position last confirmed to the server
 		sentRows  int64  // the tracker's row count at that position
 		lastWrite = time.Now()
+		lastHeard = time.Now() // the last message from the server
 	)
-	confirm := func(force bool) error {
+	// confirm tells the server how far the slot may move, at most once a
+	// confirmEvery unless it is a heartbeat, which also asks for an answer.
+	confirm := func(heartbeat bool) error {
 		pos, rows := c.tr.position()
-		if pos <= sent && !force {
+		if !heartbeat && (pos <= sent || time.Since(lastWrite) < confirmEvery) {
 			return nil
 		}
 		if rows > sentRows {
 			// Answers are recorded; the server does not know yet.
 			crashpoint.Hit(crashpoint.SenderBeforeConfirm)
 		}
-		if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: max(pos, sent)}); err != nil {
+		if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+			WALWritePosition: max(pos, sent), ReplyRequested: heartbeat,
+		}); err != nil {
 			return fmt.Errorf("confirm position: %w", err)
 		}
 		sent, sentRows, lastWrite = max(pos, sent), rows, time.Now()
@@ -332,7 +409,7 @@ func (c *cdc) stream(ctx context.Context, conn *pgconn.PgConn, from pglogrepl.LS
 		if ctx.Err() != nil {
 			// Shutting down: what was settled meanwhile is confirmed now,
 			// so that the next start replays less.
-			return confirm(false)
+			return confirm(true)
 		}
 		if err := confirm(time.Since(lastWrite) >= heartbeatEvery); err != nil {
 			return err
@@ -343,7 +420,13 @@ func (c *cdc) stream(ctx context.Context, conn *pgconn.PgConn, from pglogrepl.LS
 			case <-c.tr.freed:
 			case <-time.After(confirmEvery):
 			}
+			// Not reading, the reader hears nothing, and that says
+			// nothing about the connection.
+			lastHeard = time.Now()
 			continue
+		}
+		if silent := time.Since(lastHeard); silent > silenceLimit {
+			return fmt.Errorf("receive: the server sent nothing for %s although asked to answer; the connection is given up", silent.Round(time.Second))
 		}
 		rctx, cancel := context.WithTimeout(ctx, confirmEvery)
 		msg, err := conn.ReceiveMessage(rctx)
@@ -354,6 +437,7 @@ func (c *cdc) stream(ctx context.Context, conn *pgconn.PgConn, from pglogrepl.LS
 			}
 			return fmt.Errorf("receive: %w", err)
 		}
+		lastHeard = time.Now()
 		var data []byte
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:

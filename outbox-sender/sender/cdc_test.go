@@ -237,7 +237,8 @@ func TestTrackerConfirmsOnlySettledPrefixes(t *testing.T) {
 	tr.retake(ids)
 	require.Equal(t, 1, tr.queued(), "a failed claim's rows are claimed again")
 	tr.reset(1000)
-	require.Zero(t, tr.queued())
+	require.Equal(t, 1, tr.queued(), "a row announced but not claimed is still claimed after a reset")
+	require.Zero(t, tr.unsettled(), "but no longer followed")
 	tr.settle(5) // settles against nothing after a reset
 	require.Equal(t, pglogrepl.LSN(1000), pos())
 }

@@ -11,9 +11,9 @@ import (
 // outbox row in them is settled, and so says how far the replication slot
 // may be confirmed: up to the end of the last transaction before which
 // nothing is unsettled. A row is settled once the table carries it: its
-// answer is recorded (delivered, a retry scheduled, dead), it was handed
-// back at shutdown, or the claim found it already in another sender's hands
-// or no longer pending.
+// answer is recorded (delivered, a retry scheduled, dead), or the claim
+// found it locked by another transaction or no longer due. (A row handed
+// back at shutdown is not: the slot replays it to the next reader.)
 //
 // Confirming less than that would be safe (what the slot replays, the
 // claim finds settled); confirming more would lose rows whose delivery is
@@ -45,14 +45,19 @@ func newTracker() *tracker {
 	return &tracker{rows: map[int64]*txn{}, ready: make(chan struct{}, 1), freed: make(chan struct{}, 1)}
 }
 
-// reset forgets everything streamed before: a new session streams it again
+// reset forgets what was streamed before: a new session streams it again
 // from the slot's confirmed position, from. Rows of the old session still
-// in flight settle against nothing, harmlessly.
+// in flight settle against nothing, harmlessly. Rows announced but not yet
+// claimed stay to be claimed: a new slot (the old one lost) would never
+// announce them again. Claimed twice, the second claim finds them leased.
 func (t *tracker) reset(from pglogrepl.LSN) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.txns, t.todo, t.pos = nil, nil, from
+	t.txns, t.pos = nil, from
 	clear(t.rows)
+	if len(t.todo) > 0 {
+		wakeUp(t.ready)
+	}
 }
 
 // committed adds a transaction the stream delivered whole, with the ids

@@ -127,22 +127,22 @@ func (s *Sender) Run(ctx context.Context) error {
 		recorders.Go(func() { s.complete(ctx, results, tokens) })
 	}
 
-	// A second claimer beside the poll's: with the polling source,
-	// notifications from Student's database wake the poll as soon as rows
-	// commit; with the cdc source, the stream's claimer claims new rows as
-	// the slot announces them, and the poll is left the rows it missed and
-	// those due again (cdc.go).
+	// What finds new rows besides the poll. With the polling source, the
+	// listener: notifications from Student's database wake the poll as
+	// soon as rows commit. With the cdc source, the stream and its own
+	// claimer, which claims new rows as the slot announces them, leaving
+	// the poll the rows it missed and those due again (cdc.go).
 	wake := make(chan struct{}, 1)
-	claiming := make(chan struct{})
+	helperDone := make(chan struct{}) // the listener, or the stream's claimer, has stopped
 	streaming := make(chan struct{})
-	// The stream outlives the claimers: it confirms what the recorders
-	// settle until they are done.
+	// The stream is not stopped by ctx but after the recorders are done,
+	// so that it can confirm to PostgreSQL what they settle meanwhile.
 	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStream()
 	if s.cdc == nil {
 		close(streaming)
 		go func() {
-			defer close(claiming)
+			defer close(helperDone)
 			s.listen(ctx, wake)
 		}()
 	} else {
@@ -151,13 +151,13 @@ func (s *Sender) Run(ctx context.Context) error {
 			s.cdc.run(streamCtx)
 		}()
 		go func() {
-			defer close(claiming)
+			defer close(helperDone)
 			s.claimStreamed(ctx, tokens, jobs)
 		}()
 	}
 
 	s.claim(ctx, tokens, jobs, wake)
-	<-claiming
+	<-helperDone // jobs has no sender left
 	close(jobs)
 	workers.Wait()
 	close(results)

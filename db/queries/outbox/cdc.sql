@@ -3,9 +3,12 @@
 -- name: ClaimStreamed :many
 -- Claims the rows whose inserts the stream announced, as ClaimDue claims
 -- due rows, with the same lease and the same answer, so that both sources
--- share one delivery path. A row another sender holds, or one already
--- delivered or dead, is not returned: it is settled as far as the stream
--- is concerned, since the table carries it from there.
+-- share one delivery path. A row not returned is settled as far as the
+-- stream is concerned: it is delivered or dead, leased (by any sender, this
+-- one included), or locked by another transaction this moment (a claim or
+-- a recording). Whichever it is, the table carries it from there: a lease
+-- that runs out, or a lock whose transaction rolls back, leaves the row
+-- due for the poll.
 WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE outbox o
 SET available_at = now() + @lease::interval,

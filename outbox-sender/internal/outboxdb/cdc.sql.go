@@ -56,9 +56,12 @@ type ClaimStreamedRow struct {
 // The change-data-capture source's queries (outbox-sender/sender/cdc.go).
 // Claims the rows whose inserts the stream announced, as ClaimDue claims
 // due rows, with the same lease and the same answer, so that both sources
-// share one delivery path. A row another sender holds, or one already
-// delivered or dead, is not returned: it is settled as far as the stream
-// is concerned, since the table carries it from there.
+// share one delivery path. A row not returned is settled as far as the
+// stream is concerned: it is delivered or dead, leased (by any sender, this
+// one included), or locked by another transaction this moment (a claim or
+// a recording). Whichever it is, the table carries it from there: a lease
+// that runs out, or a lock whose transaction rolls back, leaves the row
+// due for the poll.
 func (q *Queries) ClaimStreamed(ctx context.Context, db DBTX, arg ClaimStreamedParams) ([]ClaimStreamedRow, error) {
 	rows, err := db.Query(ctx, claimStreamed,
 		arg.Lease,

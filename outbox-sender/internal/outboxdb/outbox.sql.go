@@ -26,10 +26,12 @@ FROM (
     WHERE state = 'pending' AND available_at <= now()
       -- With the change-data-capture source, a new row is the stream's
       -- (ClaimStreamed, cdc.sql) for @leave_new: the poll takes only
-      -- rows tried before, redriven, or missed by the stream. Those
-      -- pending for less than @leave_new sit at the end of the index's
-      -- order, and the stream claims each within milliseconds, so the
-      -- filter costs little. The polling source passes 0.
+      -- rows tried before, redriven, or missed by the stream. The polling
+      -- source passes 0. While the stream keeps up, the rows it leaves
+      -- are few (it claims each within milliseconds); when it falls far
+      -- behind, this scan reads past all of them at each poll. An index on
+      -- retried rows alone would avoid that, at the price of an index
+      -- entry for every claim.
       AND (attempts > 0 OR redrives > 0 OR available_at <= now() - $3::interval)
     ORDER BY available_at, id
     LIMIT $4
