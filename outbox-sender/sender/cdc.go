@@ -428,7 +428,14 @@ func (c *cdc) stream(ctx context.Context, conn *pgconn.PgConn, from pglogrepl.LS
 		if silent := time.Since(lastHeard); silent > silenceLimit {
 			return fmt.Errorf("receive: the server sent nothing for %s although asked to answer; the connection is given up", silent.Round(time.Second))
 		}
-		rctx, cancel := context.WithTimeout(ctx, confirmEvery)
+		// While rows are unsettled, look every confirmEvery whether the
+		// slot can move; with none, sleep until a message or the next
+		// heartbeat: an idle sender should cost next to nothing.
+		wait := confirmEvery
+		if pos, _ := c.tr.position(); c.tr.unsettled() == 0 && pos <= sent {
+			wait = max(heartbeatEvery-time.Since(lastWrite), confirmEvery)
+		}
+		rctx, cancel := context.WithTimeout(ctx, wait)
 		msg, err := conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {
@@ -517,11 +524,17 @@ func insertedID(m *pglogrepl.InsertMessage, idColumn map[uint32]int) (int64, err
 
 // claimStreamed claims the rows the stream announced, up to a batch at a
 // time and as capacity frees, and hands them to the workers, until ctx
-// ends. Rows the claim does not return are settled at once: another sender
-// holds them, or they are no longer pending.
+// ends. Rows the claim does not return are settled at once if another
+// transaction holds them or they are no longer pending (settleUnclaimed).
+//
+// Like the poll's claimer it lets rows gather before it claims: for
+// wakeLinger after a quiet spell, for claimLinger while rows stream in
+// faster than one claim each. Every claim is a transaction; at 500 new
+// rows a second, claiming each as it came cost about two rows a claim.
 func (s *Sender) claimStreamed(ctx context.Context, tokens chan struct{}, jobs chan<- outboxdb.ClaimDueRow) {
 	tr := s.cdc.tr
 	failures := 0
+	busy := false // the last claim took more than one row
 	for {
 		select {
 		case <-ctx.Done():
@@ -529,6 +542,11 @@ func (s *Sender) claimStreamed(ctx context.Context, tokens chan struct{}, jobs c
 		case <-tr.ready:
 		}
 		for queued := tr.queued(); queued > 0 && ctx.Err() == nil; queued = tr.queued() {
+			linger := wakeLinger
+			if busy {
+				linger = claimLinger
+			}
+			queued = gather(ctx, tr, s.cfg.BatchSize, linger)
 			select {
 			case <-ctx.Done():
 				return
@@ -536,6 +554,7 @@ func (s *Sender) claimStreamed(ctx context.Context, tokens chan struct{}, jobs c
 			}
 			n := 1 + take(tokens, min(queued, s.cfg.BatchSize)-1)
 			ids := tr.take(n)
+			busy = len(ids) > 1
 			cctx, cancel := database.WithDeadline(context.WithoutCancel(ctx), s.cfg.DatabaseTimeout)
 			rows, err := s.q.ClaimStreamed(cctx, s.pool, outboxdb.ClaimStreamedParams{
 				Lease: s.cfg.Lease, ClaimedBy: pgtype.Text{String: s.cfg.ID, Valid: true}, Ids: ids, MaxAge: s.cfg.MaxAge,
@@ -559,6 +578,9 @@ func (s *Sender) claimStreamed(ctx context.Context, tokens chan struct{}, jobs c
 				}
 				continue
 			}
+			if failures > 0 {
+				s.log.Info("claiming streamed rows again", slog.Int("failed_claims", failures))
+			}
 			failures = 0
 			claimed := make(map[int64]bool, len(rows))
 			for _, r := range rows {
@@ -570,7 +592,7 @@ func (s *Sender) claimStreamed(ctx context.Context, tokens chan struct{}, jobs c
 					others = append(others, id)
 				}
 			}
-			tr.settle(others...)
+			invisible := s.settleUnclaimed(ctx, others)
 			s.metrics.claimed.Add(float64(len(rows)))
 			if len(rows) > 0 {
 				s.metrics.claimSize.Observe(float64(len(rows)))
@@ -581,8 +603,81 @@ func (s *Sender) claimStreamed(ctx context.Context, tokens chan struct{}, jobs c
 			for range n - len(rows) {
 				tokens <- struct{}{}
 			}
+			if invisible > 0 {
+				// Their transactions show as committed a moment after
+				// the stream announced them: claim them again shortly.
+				time.Sleep(invisibleRetry)
+			}
 		}
 	}
+}
+
+// gather waits up to linger for limit streamed rows to be queued, and
+// returns how many are.
+func gather(ctx context.Context, tr *tracker, limit int, linger time.Duration) int {
+	queued := tr.queued()
+	if queued >= limit {
+		return queued
+	}
+	timer := time.NewTimer(linger)
+	defer timer.Stop()
+	for queued < limit {
+		select {
+		case <-ctx.Done():
+			return queued
+		case <-timer.C:
+			return tr.queued()
+		case <-tr.ready:
+			queued = tr.queued()
+		}
+	}
+	return queued
+}
+
+// invisibleRetry is how long the stream's claimer waits before it claims
+// again rows it could not see yet; invisibleLimit is how long it keeps
+// trying before it leaves such a row to the poll (a row deleted since, by
+// the purge of a long-delivered row that the slot replays, is never seen).
+const (
+	invisibleRetry = 2 * time.Millisecond
+	invisibleLimit = 5 * time.Second
+)
+
+// settleUnclaimed settles the streamed rows a claim did not return because
+// they are leased, locked, delivered or dead, and puts back to be claimed
+// again those it could not see at all: with synchronous commits, the
+// stream can announce a transaction a moment before it shows as committed
+// to other sessions. Settled as "held by another", such a row would wait
+// for the poll, SENDER_CDC_GRACE later. It returns how many it put back.
+func (s *Sender) settleUnclaimed(ctx context.Context, ids []int64) int {
+	if len(ids) == 0 {
+		return 0
+	}
+	tr := s.cdc.tr
+	cctx, cancel := database.WithDeadline(context.WithoutCancel(ctx), s.cfg.DatabaseTimeout)
+	visible, err := s.q.VisibleOutboxIDs(cctx, s.pool, ids)
+	cancel()
+	if err != nil {
+		// Unknown: the poll is the safety net, after SENDER_CDC_GRACE.
+		tr.settle(ids...)
+		return 0
+	}
+	seen := make(map[int64]bool, len(visible))
+	for _, id := range visible {
+		seen[id] = true
+	}
+	var settled, again []int64
+	for _, id := range ids {
+		age, followed := tr.age(id)
+		if seen[id] || !followed || age > invisibleLimit {
+			settled = append(settled, id)
+		} else {
+			again = append(again, id)
+		}
+	}
+	tr.settle(settled...)
+	tr.retake(again)
+	return len(again)
 }
 
 // leaveNew is how long the poll leaves a new row to the stream: 0 with the

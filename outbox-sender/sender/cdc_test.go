@@ -382,3 +382,27 @@ func TestRowsHandedBackAreReplayed(t *testing.T) {
 	eventually(t, "the slot replays the four", func() bool { return testutil.ToFloat64(second.metrics.cdcChanges) >= 4 })
 	second.wait(t)
 }
+
+// TestUnclaimedRowNotYetVisibleIsClaimedAgain: a streamed row the claim
+// did not return is settled if it exists (another sender holds it, say),
+// but claimed again if this transaction cannot see it at all: with
+// synchronous commits the stream can announce a commit a moment before
+// it shows to other sessions, and settling such a row would leave it to
+// the poll, SENDER_CDC_GRACE later.
+func TestUnclaimedRowNotYetVisibleIsClaimedAgain(t *testing.T) {
+	t.Parallel()
+	pool, cfg := cdcDatabase(t, "http://127.0.0.1:1")
+	addStudents(t, pool, 1)
+	var visible int64
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&visible))
+	notYet := visible + 1000
+	s := New(quiet, asSender(t, pool), cfg)
+	s.cdc.tr.committed(100, time.Now(), []int64{visible, notYet})
+	require.Len(t, s.cdc.tr.take(2), 2)
+
+	require.Equal(t, 1, s.settleUnclaimed(context.Background(), []int64{visible, notYet}))
+	require.Equal(t, []int64{notYet}, s.cdc.tr.take(10), "the row it cannot see is claimed again")
+	require.Equal(t, 1, s.cdc.tr.unsettled(), "and stays unsettled")
+	p, _ := s.cdc.tr.position()
+	require.Equal(t, pglogrepl.LSN(0), p, "so the slot does not move past it")
+}

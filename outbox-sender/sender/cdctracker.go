@@ -36,7 +36,8 @@ type tracker struct {
 // txn is one streamed transaction with outbox inserts.
 type txn struct {
 	end       pglogrepl.LSN // where its commit record ends
-	commit    time.Time
+	commit    time.Time     // by the database's clock
+	received  time.Time     // by the sender's
 	rows      int
 	unsettled int
 }
@@ -67,7 +68,7 @@ func (t *tracker) committed(end pglogrepl.LSN, at time.Time, ids []int64) {
 	defer t.mu.Unlock()
 	// A transaction without rows (pgoutput may send one) still waits
 	// behind those before it.
-	x := &txn{end: end, commit: at}
+	x := &txn{end: end, commit: at, received: time.Now()}
 	for _, id := range ids {
 		if _, dup := t.rows[id]; !dup {
 			t.rows[id] = x
@@ -123,6 +124,17 @@ func (t *tracker) retake(ids []int64) {
 	if len(t.todo) > 0 {
 		wakeUp(t.ready)
 	}
+}
+
+// age is how long ago the stream delivered a row this tracker follows.
+func (t *tracker) age(id int64) (time.Duration, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	x, ok := t.rows[id]
+	if !ok {
+		return 0, false
+	}
+	return time.Since(x.received), true
 }
 
 // queued is how many streamed rows wait to be claimed.

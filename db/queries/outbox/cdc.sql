@@ -25,3 +25,11 @@ WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           (o.age_from + @max_age::interval < now())::boolean AS expired;
+
+-- name: VisibleOutboxIDs :many
+-- Which of these rows this transaction can see at all. A row the stream
+-- announced may not be visible yet: with synchronous commits, PostgreSQL
+-- flushes a commit record (which the stream can then decode and send)
+-- before the committing transaction shows as committed to others. A row
+-- ClaimStreamed did not return is settled only if it is visible here.
+SELECT id FROM outbox WHERE id = ANY(@ids::bigint[]);

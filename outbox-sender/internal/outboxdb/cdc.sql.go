@@ -97,3 +97,32 @@ func (q *Queries) ClaimStreamed(ctx context.Context, db DBTX, arg ClaimStreamedP
 	}
 	return items, nil
 }
+
+const visibleOutboxIDs = `-- name: VisibleOutboxIDs :many
+SELECT id FROM outbox WHERE id = ANY($1::bigint[])
+`
+
+// Which of these rows this transaction can see at all. A row the stream
+// announced may not be visible yet: with synchronous commits, PostgreSQL
+// flushes a commit record (which the stream can then decode and send)
+// before the committing transaction shows as committed to others. A row
+// ClaimStreamed did not return is settled only if it is visible here.
+func (q *Queries) VisibleOutboxIDs(ctx context.Context, db DBTX, ids []int64) ([]int64, error) {
+	rows, err := db.Query(ctx, visibleOutboxIDs, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
