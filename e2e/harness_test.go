@@ -36,7 +36,27 @@ type scenarioDef struct {
 	title string
 	opts  scenarioOptions
 	run   func(s *scenario)
+	// sources are the sources of new rows TestFaults runs the scenario
+	// with, each as a subtest of its own; nil is both. A scenario that
+	// runs once says why beside its definition.
+	sources []string
 }
+
+// The sources of new rows a scenario's senders use (SENDER_SOURCE), and
+// the label of a scenario that has no sender.
+const (
+	sourcePoll = "poll"
+	sourceCDC  = "cdc"
+	noSender   = "none"
+)
+
+// cdcGrace is SENDER_CDC_GRACE in the suite: how long a cdc sender's poll
+// leaves a new row to the stream. Short, so that the rows a fault keeps
+// from the stream (a dropped slot, a sender killed before it confirmed)
+// are picked up within the scenario's seconds, not the default's 10s;
+// long enough that the stream, which claims within milliseconds, is not
+// raced by the poll for every row.
+const cdcGrace = 2 * time.Second
 
 type scenarioOptions struct {
 	senders     int    // senders started with the scenario
@@ -57,6 +77,9 @@ type scenarioOptions struct {
 	// otlp is an OTLP/HTTP endpoint every process exports its spans to
 	// (OTEL_EXPORTER_OTLP_ENDPOINT); "" leaves tracing off (trace_test.go).
 	otlp string
+	// source is where the senders take new rows from: sourcePoll (also
+	// "") or sourceCDC; TestFaults sets it from scenarioDef.sources.
+	source string
 }
 
 // The sender's tuning for the suite: fast polls and backoffs so that
@@ -117,6 +140,13 @@ type scenario struct {
 	senderDBProxy  *dbProxy // nil unless opts.senderDBProxy
 	senderDBURL    string   // Student's database as the sender reaches it
 	usersDBProxy   *dbProxy // nil unless opts.usersDBProxy
+	// source is where the scenario's senders take new rows from
+	// (opts.source, poll by default); slot is the replication slot its cdc
+	// senders stream from, one per Student database, since slots belong to
+	// the whole cluster.
+	source     string
+	slot       string
+	cdcSenders bool // a cdc sender was started: settle checks the stream
 
 	loads       []*studentLoad
 	foreignKeys []string
@@ -158,8 +188,8 @@ func runScenario(t *testing.T, def scenarioDef, bins buildSet) scenarioOutcome {
 	if len(out.violations) > 0 {
 		verdict = fmt.Sprintf("FAIL (%d)", len(out.violations))
 	}
-	recordResult(scenarioResult{name: def.id, build: bins.label, verdict: verdict, duration: out.duration, drain: out.drain, report: out.report})
-	t.Logf("%s finished in %s: %s", def.id, out.duration.Round(100*time.Millisecond), verdict)
+	recordResult(scenarioResult{name: def.id, source: sourceLabel(def), build: bins.label, verdict: verdict, duration: out.duration, drain: out.drain, report: out.report})
+	t.Logf("%s (%s) finished in %s: %s", def.id, sourceLabel(def), out.duration.Round(100*time.Millisecond), verdict)
 	return out
 }
 
@@ -173,7 +203,11 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: loadWorkers * 2}},
 	}
 	t.Cleanup(s.client.CloseIdleConnections)
-	s.dir = filepath.Join(suite.e2eDir, "logs", fmt.Sprintf("%s-%s-%s", def.id, bins.label, time.Now().Format("20060102-150405")))
+	s.source = def.opts.source
+	if s.source == "" || s.source == noSender {
+		s.source = sourcePoll
+	}
+	s.dir = filepath.Join(suite.e2eDir, "logs", fmt.Sprintf("%s-%s-%s-%s", def.id, sourceLabel(def), bins.label, time.Now().Format("20060102-150405")))
 	require.NoError(t, os.MkdirAll(s.dir, 0o755))
 	// Registered first, so it runs last: after every process is dead and
 	// every log written.
@@ -194,6 +228,13 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 	}
 	s.studentURL = s.createDatabase(s.studentCluster, "student")
 	s.usersURL = s.createDatabase(s.usersCluster, "users")
+	// Any scenario may start a cdc sender (17 mixes both sources), so
+	// every Student database gets a slot name of its own, named after it.
+	// Registered before any process, so that it runs after every sender
+	// is dead: a slot outlives its database's senders and keeps its WAL
+	// for ever, and a database with a slot cannot be dropped.
+	s.slot = "e2e_" + databaseName(t, s.studentURL)
+	t.Cleanup(func() { s.dropSlotAtCleanup() })
 	// As in production: migrate logs in as the administrator and gives
 	// each runtime role its password (from the same secret file the
 	// process logs in with); every process logs in as its own role.
@@ -273,7 +314,7 @@ func (s *scenario) ownClusters() (student, users *pgcluster.Cluster) {
 			continue
 		}
 		t.Cleanup(func() {
-			if t.Failed() {
+			if t.Failed() || os.Getenv("E2E_KEEP_LOGS") != "" {
 				if b, err := os.ReadFile(c.LogPath()); err == nil {
 					_ = os.WriteFile(filepath.Join(s.dir, fmt.Sprintf("postgres-%d.log", c.Port())), b, 0o644)
 				}
@@ -367,8 +408,13 @@ func (s *scenario) newProc(name, bin, ready string, env ...string) *proc {
 	return p
 }
 
-// newSender prepares one more sender on the scenario's outbox.
-func (s *scenario) newSender() *proc {
+// newSender prepares one more sender on the scenario's outbox, with the
+// scenario's source.
+func (s *scenario) newSender() *proc { return s.newSenderOf(s.source) }
+
+// newSenderOf prepares one more sender on the scenario's outbox, taking
+// new rows from source (sourcePoll or sourceCDC).
+func (s *scenario) newSenderOf(source string) *proc {
 	n := len(s.senders) + 1
 	admin := freeAddr(s.t)
 	env := append([]string{
@@ -381,6 +427,20 @@ func (s *scenario) newSender() *proc {
 		"LOG_LEVEL=info",
 	}, senderTuning...)
 	env = append(env, s.tracingEnv()...)
+	if source == sourceCDC {
+		s.cdcSenders = true
+		// The replication connection takes the same way to the database
+		// as the sender's pool, so a freeze catches the stream too: the
+		// sender must notice that the server stopped answering its
+		// heartbeats, and stream again once the network heals.
+		cdcURL := s.senderDBURL
+		env = append(env,
+			"SENDER_SOURCE=cdc",
+			"SENDER_CDC_DATABASE_URL="+asRole(s.t, cdcURL, migrations.OutboxCDC),
+			"SENDER_CDC_DATABASE_PASSWORD_FILE="+roleSecret(s.t, migrations.OutboxCDC),
+			"SENDER_CDC_SLOT="+s.slot,
+			"SENDER_CDC_GRACE="+cdcGrace.String())
+	}
 	p := s.newProc("sender-"+strconv.Itoa(n), s.bins.sender, "http://"+admin+"/readyz", env...)
 	s.senders = append(s.senders, p)
 	return p
@@ -506,6 +566,9 @@ func (s *scenario) settle() scenarioOutcome {
 		for _, why := range p.takeSurprises() {
 			s.violate("%s", why)
 		}
+	}
+	if s.cdcSenders {
+		s.checkStream()
 	}
 
 	ctx, cancel := context.WithTimeout(s.ctx, time.Minute)

@@ -48,6 +48,7 @@ type buildSet struct {
 // scenarioResult is one scenario's line in the closing summary.
 type scenarioResult struct {
 	name     string
+	source   string // where the senders took new rows from: poll, cdc, or none
 	build    string
 	verdict  string
 	duration time.Duration
@@ -80,6 +81,12 @@ func runSuite(m *testing.M) int {
 	}
 	code := m.Run()
 	printSummary(time.Since(start))
+	// Each scenario drops its replication slot; one left behind would
+	// have held WAL for every scenario after it.
+	if err := leftoverSlots(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		code = 1
+	}
 	return code
 }
 
@@ -234,15 +241,15 @@ func printSummary(total time.Duration) {
 	}
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "scenario\tbuild\tverdict\ttime\tdrain\tstudents\tlinked\tdead\tlost\tdup\tmislinked\tunexpected\tusers\tredeliveries\treplays")
+	fmt.Fprintln(w, "scenario\tsource\tbuild\tverdict\ttime\tdrain\tstudents\tlinked\tdead\tlost\tdup\tmislinked\tunexpected\tusers\tredeliveries\treplays")
 	for _, r := range suite.results {
 		p := r.report
 		drain := "-"
 		if r.drain > 0 {
 			drain = r.drain.Round(100 * time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n",
-			r.name, r.build, r.verdict, r.duration.Round(100*time.Millisecond), drain,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n",
+			r.name, r.source, r.build, r.verdict, r.duration.Round(100*time.Millisecond), drain,
 			p.Students, p.Linked, p.Dead, p.Lost, p.Duplicated, p.Mislinked, p.Unexpected, p.Users, p.Redeliveries, p.Replays)
 	}
 	_ = w.Flush()
