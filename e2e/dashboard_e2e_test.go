@@ -70,10 +70,16 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 	}), "%v", s.violations)
 
 	require.Len(t, s.senders, 1)
+	// The change-data-capture panels read a sender streaming from its
+	// replication slot.
+	cdc := s.newSenderOf(sourceCDC)
+	s.startProc(cdc)
+	require.True(t, s.eventually(30*time.Second, "the cdc sender streams", func() bool { return s.readingSlot(cdc) }), "%v", s.violations)
 	exported := map[string][]*dto.MetricFamily{
-		"student":       scrape(t, s.client, s.studentAdmin),
-		"users":         scrape(t, s.client, s.usersAdmin),
-		"outbox-sender": scrape(t, s.client, adminAddrOf(s.senders[0])),
+		"student":             scrape(t, s.client, s.studentAdmin),
+		"users":               scrape(t, s.client, s.usersAdmin),
+		"outbox-sender":       scrape(t, s.client, adminAddrOf(s.senders[0])),
+		"outbox-sender (cdc)": scrape(t, s.client, adminAddrOf(cdc)),
 	}
 	series := map[string]map[string][]map[string]string{} // binary → sample name → each series' labels
 	for bin, families := range exported {
