@@ -18,7 +18,7 @@ test:
 e2e:
 	$(GO) test -tags e2e -count=1 -timeout 20m -v ./e2e/
 
-## bench: the real binaries with shipped defaults against the database-only bound: intake, burndown, latency, idle CPU (about 6 min)
+## bench: the real binaries with shipped defaults against the database-only bound: intake, burndown, latency, idle CPU, for both sources of new rows (about 10 min)
 bench:
 	$(GO) run ./testkit/bench $(BENCH_FLAGS)
 

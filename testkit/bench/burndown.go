@@ -36,14 +36,16 @@ const (
 	usersTimeout       = 4 * time.Second       // USERS_DATABASE_TIMEOUT
 )
 
+// seedChunk is how many students one of seed's statements writes.
+const seedChunk = 5000
+
 // seed writes rows students, each with its create-user outbox row, as
 // Student writes them: a UUIDv7 id, the payload {name, email,
 // document_number}, a fresh idempotency key, due now. In chunks, so that a
 // large backlog is not one huge statement.
 func seed(ctx context.Context, pool *pgxpool.Pool, rows int) error {
-	const chunk = 5000
-	for from := 0; from < rows; from += chunk {
-		n := min(chunk, rows-from)
+	for from := 0; from < rows; from += seedChunk {
+		n := min(seedChunk, rows-from)
 		ids := make([]uuid.UUID, n)
 		names, emails, docs := make([]string, n), make([]string, n), make([]string, n)
 		for i := range n {
@@ -132,22 +134,49 @@ func verifyLinked(ctx context.Context, d *databases, want int) error {
 }
 
 // burndownReal seeds a backlog, starts Users and then the sender with
-// shipped defaults, and returns students linked per second from the
-// sender's start until the last student is linked.
-func (b *bench) burndownReal(ctx context.Context, rows int) (float64, error) {
+// shipped defaults and SENDER_SOURCE=source, and returns students linked
+// per second from the sender's start until the last student is linked.
+//
+// Both sources meet the same scene: a sender that was down while the
+// backlog piled up, then starts. For cdc that scene needs a slot that
+// existed before the backlog: a slot starts at the WAL's position when it
+// is created, and rows committed earlier are not streamed but left to the
+// poll until they are SENDER_CDC_GRACE old, which would measure the grace,
+// not the stream. So the cdc sender is started first, until it streams
+// from its new slot, and stopped; the backlog is seeded while it is down,
+// and the slot holds it, as it would a deployment's during an outage; and
+// the clock starts as the sender is started again. It then reads the
+// backlog from the WAL (the seed's transactions of seedChunk rows), and its
+// poll claims whatever is older than the grace by then, as it would.
+func (b *bench) burndownReal(ctx context.Context, rows int, source string) (float64, error) {
 	d, err := b.freshDatabases(ctx)
 	if err != nil {
 		return 0, err
 	}
 	defer b.drop(d)
-	if err := seed(ctx, d.studentAdmin, rows); err != nil {
-		return 0, err
+	if source != sourceCDC {
+		if err := seed(ctx, d.studentAdmin, rows); err != nil {
+			return 0, err
+		}
 	}
-	sys, err := b.start(ctx, d, which{users: true}, nil)
+	sys, err := b.start(ctx, d, which{users: true, source: source}, nil)
 	if err != nil {
 		return 0, err
 	}
 	defer sys.stop()
+	if source == sourceCDC {
+		if err := sys.launch(ctx, senderBin); err != nil {
+			return 0, err
+		}
+		if err := sys.waitStreaming(ctx); err != nil {
+			return 0, err
+		}
+		b.procs.stop(sys.sender)
+		sys.sender = nil
+		if err := seed(ctx, d.studentAdmin, rows); err != nil {
+			return 0, err
+		}
+	}
 	// The clock starts as the sender is started: its start-up is part of
 	// burning the backlog down.
 	start := time.Now()

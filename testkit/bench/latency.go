@@ -7,11 +7,13 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // openLoop POSTs count students to Student at rate per second, each at
@@ -65,7 +67,22 @@ func openLoop(ctx context.Context, client *http.Client, base string, rate float6
 type latencyResult struct {
 	p50, p90, p99 time.Duration
 	students      int
+	// slotLagMax (cdc only) is the largest lag of the replication slot
+	// sampled during the run, in bytes of WAL: pg_current_wal_lsn() minus
+	// the slot's confirmed_flush_lsn; -1 when not sampled.
+	slotLagMax float64
+	// serverCPU is PostgreSQL's CPU use over the run, from the first send
+	// to the last link, in percent of one core; -1 when not measured (a
+	// server not the bench's own).
+	serverCPU float64
+	// late counts the students linked cdcGrace or more after they were
+	// sent: with the cdc source, rows the stream did not claim, left to
+	// the poll until they were that old.
+	late int
 }
+
+// cdcGrace is the sender's shipped SENDER_CDC_GRACE.
+const cdcGrace = 10 * time.Second
 
 // latency runs all three binaries with shipped defaults, sends students at
 // rate per second for warm-up plus duration, and measures, for each student
@@ -77,17 +94,28 @@ type latencyResult struct {
 // transaction. Client and database must share a clock: the bench's own
 // cluster does; a TEST_DATABASE_URL on another host adds its skew.
 // after, when not nil, runs while the system is still up (idle CPU).
-func (b *bench) latency(ctx context.Context, rate float64, warmup, duration time.Duration, after func(*system) error) (latencyResult, error) {
+// The sender takes new rows from source (SENDER_SOURCE); a cdc sender is
+// streaming from its slot before the first student is sent, and the slot's
+// lag is sampled from the first send until the last student is linked.
+func (b *bench) latency(ctx context.Context, rate float64, source string, warmup, duration time.Duration, after func(*system) error) (latencyResult, error) {
 	d, err := b.freshDatabases(ctx)
 	if err != nil {
 		return latencyResult{}, err
 	}
 	defer b.drop(d)
-	sys, err := b.start(ctx, d, which{student: true, users: true, sender: true}, nil)
+	sys, err := b.start(ctx, d, which{student: true, users: true, sender: true, source: source}, nil)
 	if err != nil {
 		return latencyResult{}, err
 	}
 	defer sys.stop()
+	lagMax := func() (float64, error) { return -1, nil }
+	if source == sourceCDC {
+		if err := sys.waitStreaming(ctx); err != nil {
+			return latencyResult{}, err
+		}
+		lagMax = sampleSlotLag(ctx, d.studentAdmin, d.slot, slotLagEvery)
+		defer func() { _, _ = lagMax() }() // on the way out of an error
+	}
 
 	firstMeasured := int64(math.Round(warmup.Seconds()*rate)) + 1
 	var (
@@ -98,6 +126,7 @@ func (b *bench) latency(ctx context.Context, rate float64, warmup, duration time
 	client := httpClient(256)
 	defer client.CloseIdleConnections()
 	count := int64(math.Round((warmup + duration).Seconds() * rate))
+	serverCPU := b.serverCPUSince()
 	err = openLoop(ctx, client, sys.studentURL(), rate, count, 2048, func(n int64, at time.Time, id uuid.UUID) {
 		sent.Add(1)
 		if n < firstMeasured {
@@ -113,6 +142,11 @@ func (b *bench) latency(ctx context.Context, rate float64, warmup, duration time
 	if _, err := waitLinked(ctx, d.studentAdmin, int(sent.Load()), 60*time.Second, sys.alive); err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
 	}
+	slotLag, err := lagMax()
+	if err != nil {
+		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
+	}
+	serverPct := serverCPU()
 	ids := make([]uuid.UUID, 0, len(scheduled))
 	for id := range scheduled {
 		ids = append(ids, id)
@@ -154,7 +188,8 @@ func (b *bench) latency(ctx context.Context, rate float64, warmup, duration time
 		return latencyResult{}, err
 	}
 	slices.Sort(lat)
-	res := latencyResult{p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99), students: len(lat)}
+	late := len(lat) - sort.Search(len(lat), func(i int) bool { return lat[i] >= cdcGrace })
+	res := latencyResult{p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99), students: len(lat), slotLagMax: slotLag, serverCPU: serverPct, late: late}
 	if after != nil {
 		if err := after(sys); err != nil {
 			return res, err
@@ -163,15 +198,83 @@ func (b *bench) latency(ctx context.Context, rate float64, warmup, duration time
 	return res, sys.alive()
 }
 
+// slotLagEvery is how often the replication slot's lag is sampled during
+// a cdc latency run: one catalog read, cheap beside the run's traffic.
+const slotLagEvery = 100 * time.Millisecond
+
+// sampleSlotLag reads the slot's lag in bytes (the server's current WAL
+// position minus the slot's confirmed_flush_lsn, as the sender's
+// outbox_cdc_slot_lag_bytes) every interval, in the background, until the
+// function it returns is called; that returns the largest lag seen. The
+// WAL position is the server's, so WAL that other databases write counts
+// too, until the slot confirms past it.
+func sampleSlotLag(ctx context.Context, pool *pgxpool.Pool, slot string, every time.Duration) (stop func() (float64, error)) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var (
+		most float64
+		err  error
+	)
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			var lag float64
+			e := pool.QueryRow(ctx, `
+				SELECT COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)), 0)::float8
+				FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&lag)
+			if ctx.Err() != nil {
+				return
+			}
+			if e != nil {
+				err = fmt.Errorf("slot lag: %w", e)
+				return
+			}
+			most = max(most, lag)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() (float64, error) {
+		cancel()
+		<-done
+		return most, err
+	}
+}
+
 // percentile is the nearest-rank percentile of sorted.
 func percentile(sorted []time.Duration, p float64) time.Duration {
 	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
+// serverCPUSince starts measuring PostgreSQL's CPU use: the function it
+// returns gives the use since, in percent of one core, or -1 when the
+// server is not the bench's own (b.postmaster) or could not be read.
+func (b *bench) serverCPUSince() func() float64 {
+	if b.postmaster == 0 {
+		return func() float64 { return -1 }
+	}
+	before, err := serverCPU(b.postmaster)
+	start := time.Now()
+	return func() float64 {
+		after, err2 := serverCPU(b.postmaster)
+		if err != nil || err2 != nil {
+			return -1
+		}
+		return 100 * (after - before).Seconds() / time.Since(start).Seconds()
+	}
+}
+
 // idleCPU is each process's CPU use while nothing is asked of the system,
 // in percent of one core: settle first, then utime+stime over window.
-func idleCPU(ctx context.Context, sys *system, settle, window time.Duration) (map[string]float64, error) {
+// server is PostgreSQL's own over the window (b.serverCPUSince), the
+// server's part of what the sender's source costs at rest.
+func (b *bench) idleCPU(ctx context.Context, sys *system, settle, window time.Duration) (procs map[string]float64, server float64, err error) {
 	sleep := func(d time.Duration) error {
 		select {
 		case <-ctx.Done():
@@ -181,31 +284,33 @@ func idleCPU(ctx context.Context, sys *system, settle, window time.Duration) (ma
 		}
 	}
 	if err := sleep(settle); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	ps := sys.running()
 	before := make([]time.Duration, len(ps))
 	for i, p := range ps {
 		t, err := cpuTime(p.pid())
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", p.name, err)
+			return nil, 0, fmt.Errorf("%s: %w", p.name, err)
 		}
 		before[i] = t
 	}
+	serverCPU := b.serverCPUSince()
 	start := time.Now()
 	if err := sleep(window); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	elapsed := time.Since(start)
+	server = serverCPU()
 	out := map[string]float64{}
 	for i, p := range ps {
 		t, err := cpuTime(p.pid())
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", p.name, err)
+			return nil, 0, fmt.Errorf("%s: %w", p.name, err)
 		}
 		out[p.name] = 100 * (t - before[i]).Seconds() / elapsed.Seconds()
 	}
-	return out, nil
+	return out, server, nil
 }
 
 // linkedAt says where latency ends, for the report.

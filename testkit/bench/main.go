@@ -12,8 +12,15 @@
 //   - latency: creation to link at 200 and 500 students/s, p50/p90/p99;
 //   - idle CPU of each process, and each one's peak RSS.
 //
-// Rounds are interleaved (each round measures everything once) and medians
-// reported. The last lines are "name value" pairs for scripts. With -soak
+// Burndown, latency and idle CPU are measured for the sender's two sources
+// of new rows (SENDER_SOURCE): poll, the default, and cdc, the WAL through
+// a logical replication slot, side by side in the same rounds (-cdc=false
+// measures poll alone). The cdc source needs a server with
+// wal_level=logical; the bench's own cluster has it (testkit/pgcluster).
+//
+// Rounds are interleaved (each round measures everything once, the two
+// sources in turn, the first one alternating from round to round) and
+// medians reported. The last lines are "name value" pairs for scripts. With -soak
 // it instead sends -students students through the whole system at -rate
 // per second and watches memory and table sizes (soak.go).
 //
@@ -72,6 +79,7 @@ type options struct {
 	latencyDuration  time.Duration
 	idleSettle       time.Duration
 	idleWindow       time.Duration
+	cdc              bool
 
 	soak       bool
 	students   int
@@ -93,6 +101,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	fs.DurationVar(&o.latencyDuration, "latency-duration", 15*time.Second, "latency: measured time at each rate")
 	fs.DurationVar(&o.idleSettle, "idle-settle", 5*time.Second, "idle CPU: wait after the last latency run before sampling")
 	fs.DurationVar(&o.idleWindow, "idle-window", 20*time.Second, "idle CPU: sampling window")
+	fs.BoolVar(&o.cdc, "cdc", true, "burndown, latency and idle CPU also with SENDER_SOURCE=cdc, beside the default poll (needs wal_level=logical)")
 	fs.BoolVar(&o.soak, "soak", false, "run the soak instead: -students through the whole system at -rate")
 	fs.IntVar(&o.students, "students", 1_000_000, "soak: students to send")
 	fs.Float64Var(&o.rate, "rate", 500, "soak: students per second, a rate the system sustains")
@@ -116,7 +125,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	// clusters skip fsync, which would make every commit cheaper than it
 	// is. TEST_DATABASE_URL, when set, names another server to measure on.
 	server, durability := getenv(pgtest.EnvVar), "a server of your own ("+pgtest.EnvVar+"): its durability settings are its own"
-	if server == "" {
+	ownServer := server == ""
+	if ownServer {
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
 		if err != nil {
 			return fmt.Errorf("start PostgreSQL: %w", err)
@@ -132,6 +142,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	commitTimes, err := tracksCommitTimes(ctx, server)
 	if err != nil {
 		return err
+	}
+	if o.cdc && !o.soak {
+		if err := logicalDecoding(ctx, server); err != nil {
+			return err
+		}
+	}
+	// PostgreSQL's own CPU use is measured on the bench's own cluster
+	// only: another server may be serving others, or on another host.
+	postmaster := 0
+	if ownServer {
+		if postmaster, err = postmasterPID(ctx, server); err != nil {
+			return err
+		}
 	}
 	serverURL, err := url.Parse(server)
 	if err != nil {
@@ -152,7 +175,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	b := &bench{
 		out: out, server: serverURL, durability: durability, commitTimes: commitTimes, dir: dir, q: q,
 		procs: &procs{set: map[*proc]bool{}, peak: map[string]int64{}},
-		dbs:   map[string]bool{},
+		dbs:   map[string]bool{}, slots: map[string]bool{}, postmaster: postmaster,
 	}
 	// Whatever happens, no child and no database outlives the bench. The
 	// logs are kept when something failed, for the paths the error names,
@@ -184,10 +207,38 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 
 // figures are the results, a value per round for each measure.
 type figures struct {
-	intake, intakeBound, burndown, burndownBound []float64
-	intakeRatio, burndownRatio                   []float64
-	latency                                      map[float64][]latencyResult
-	idle                                         map[string]float64
+	intake, intakeBound, burndownBound []float64
+	intakeRatio                        []float64
+	// src holds what is measured per source of new rows (sourcePoll,
+	// sourceCDC).
+	src map[string]*sourceFigures
+}
+
+// sourceFigures are the measures of the sender with one SENDER_SOURCE.
+type sourceFigures struct {
+	burndown, burndownRatio []float64
+	latency                 map[float64][]latencyResult
+	idle                    map[string]float64
+	// idleServer is PostgreSQL's CPU use while idle, in percent of a core
+	// (-1: not measured).
+	idleServer float64
+}
+
+// roundSources is the order the sources are measured in, in round r (from
+// 1): rotated by one each round, so that neither always runs first, on a
+// machine that drifts.
+func roundSources(sources []string, r int) []string {
+	k := (r - 1) % len(sources)
+	return append(slices.Clone(sources[k:]), sources[:k]...)
+}
+
+// tagFor is what a measurement's lines say after the round: nothing for
+// poll, the default, whose lines are as they always were.
+func tagFor(source string) string {
+	if source == sourcePoll {
+		return ""
+	}
+	return ", " + source
 }
 
 // measure runs the rounds and reports.
@@ -195,10 +246,19 @@ func (b *bench) measure(ctx context.Context, o options) error {
 	b.printf("bench: %d rounds; intake %d clients for %s after %s; burndown %d rows; latency %s after %s at %v/s; shipped defaults\n",
 		o.rounds, o.clients, o.duration, o.warmup, o.rows, o.latencyDuration, o.latencyWarmup, latencyRates)
 	b.printf("intake POSTs without an Idempotency-Key, as the README's curl session does\n")
-	f := figures{latency: map[float64][]latencyResult{}}
+	sources := []string{sourcePoll}
+	if o.cdc {
+		sources = append(sources, sourceCDC)
+		b.printf("burndown, latency and idle CPU for both of the sender's sources, poll (the default) and cdc, in turn\n")
+	}
+	f := figures{src: map[string]*sourceFigures{}}
+	for _, src := range sources {
+		f.src[src] = &sourceFigures{latency: map[float64][]latencyResult{}}
+	}
 	icfg := intakeConfig{clients: o.clients, warmup: o.warmup, duration: o.duration}
 	for r := 1; r <= o.rounds; r++ {
 		tag := fmt.Sprintf("round %d/%d", r, o.rounds)
+		order := roundSources(sources, r)
 		b.printf("%s  intake, real ...\n", tag)
 		got, err := b.intakeReal(ctx, icfg)
 		if err != nil {
@@ -212,56 +272,94 @@ func (b *bench) measure(ctx context.Context, o options) error {
 		f.intake, f.intakeBound, f.intakeRatio = append(f.intake, got), append(f.intakeBound, bound), append(f.intakeRatio, got/bound)
 		b.printf("%s  intake    %8.0f students/s   bound %8.0f/s   ratio %.2f\n", tag, got, bound, got/bound)
 
-		b.printf("%s  burndown of %d, real ...\n", tag, o.rows)
-		got, err = b.burndownReal(ctx, o.rows)
-		if err != nil {
-			return fmt.Errorf("%s, burndown: %w", tag, err)
+		burned := map[string]float64{}
+		for _, src := range order {
+			b.printf("%s  burndown of %d, real%s ...\n", tag, o.rows, tagFor(src))
+			got, err := b.burndownReal(ctx, o.rows, src)
+			if err != nil {
+				return fmt.Errorf("%s, burndown%s: %w", tag, tagFor(src), err)
+			}
+			burned[src] = got
 		}
 		b.printf("%s  burndown of %d, bound ...\n", tag, o.rows)
 		bound, err = b.burndownBound(ctx, o.rows)
 		if err != nil {
 			return fmt.Errorf("%s, burndown bound: %w", tag, err)
 		}
-		f.burndown, f.burndownBound, f.burndownRatio = append(f.burndown, got), append(f.burndownBound, bound), append(f.burndownRatio, got/bound)
-		b.printf("%s  burndown  %8.0f linked/s     bound %8.0f/s   ratio %.2f\n", tag, got, bound, got/bound)
+		f.burndownBound = append(f.burndownBound, bound)
+		for _, src := range sources {
+			sf, got := f.src[src], burned[src]
+			sf.burndown, sf.burndownRatio = append(sf.burndown, got), append(sf.burndownRatio, got/bound)
+			label := "burndown" + tagFor(src)
+			b.printf("%s  %-9s %8.0f linked/s     bound %8.0f/s   ratio %.2f\n", tag, label, got, bound, got/bound)
+		}
 
 		for i, rate := range latencyRates {
-			var after func(*system) error
-			if r == o.rounds && i == len(latencyRates)-1 {
-				// The last run leaves its processes up for the idle
-				// measurement: warm, having done real work.
-				after = func(sys *system) error {
-					b.printf("%s  idle CPU: %s to settle, then %s of sampling ...\n", tag, o.idleSettle, o.idleWindow)
-					idle, err := idleCPU(ctx, sys, o.idleSettle, o.idleWindow)
-					f.idle = idle
-					return err
+			for _, src := range order {
+				sf := f.src[src]
+				var after func(*system) error
+				if r == o.rounds && i == len(latencyRates)-1 {
+					// The last run of each source leaves its processes up
+					// for the idle measurement: warm, having done real work.
+					after = func(sys *system) error {
+						b.printf("%s  idle CPU%s: %s to settle, then %s of sampling ...\n", tag, tagFor(src), o.idleSettle, o.idleWindow)
+						idle, server, err := b.idleCPU(ctx, sys, o.idleSettle, o.idleWindow)
+						sf.idle, sf.idleServer = idle, server
+						return err
+					}
 				}
+				b.printf("%s  latency at %.0f/s%s ...\n", tag, rate, tagFor(src))
+				res, err := b.latency(ctx, rate, src, o.latencyWarmup, o.latencyDuration, after)
+				if err != nil {
+					return fmt.Errorf("%s, latency%s: %w", tag, tagFor(src), err)
+				}
+				sf.latency[rate] = append(sf.latency[rate], res)
+				lag := ""
+				if res.slotLagMax >= 0 {
+					lag = fmt.Sprintf("  slot lag max %s; %d linked ≥ %s after sent", kB(res.slotLagMax), res.late, cdcGrace)
+				}
+				b.printf("%s  latency at %.0f/s%s: p50 %s  p90 %s  p99 %s  (%d students)%s\n",
+					tag, rate, tagFor(src), ms(res.p50), ms(res.p90), ms(res.p99), res.students, lag)
 			}
-			b.printf("%s  latency at %.0f/s ...\n", tag, rate)
-			res, err := b.latency(ctx, rate, o.latencyWarmup, o.latencyDuration, after)
-			if err != nil {
-				return fmt.Errorf("%s, latency: %w", tag, err)
-			}
-			f.latency[rate] = append(f.latency[rate], res)
-			b.printf("%s  latency at %.0f/s: p50 %s  p90 %s  p99 %s  (%d students)\n",
-				tag, rate, ms(res.p50), ms(res.p90), ms(res.p99), res.students)
 		}
 	}
 	b.report(o, f)
 	return nil
 }
 
-// report prints the table of medians with each goal's verdict, then the
-// name-value lines, last.
-func (b *bench) report(o options, f figures) {
-	p99 := func(rate float64) time.Duration {
-		return medianDuration(f.latency[rate], func(r latencyResult) time.Duration { return r.p99 })
+// goalP99 is the latency goal at rate.
+func goalP99(rate float64) time.Duration {
+	if rate == 500 {
+		return goalP99At500
 	}
+	return goalP99At200
+}
+
+// p99 is the median over the rounds of the runs' p99 at rate.
+func (sf *sourceFigures) p99(rate float64) time.Duration {
+	return medianDuration(sf.latency[rate], func(r latencyResult) time.Duration { return r.p99 })
+}
+
+// slotLagMax is the largest slot lag sampled in any run, -1 if none was.
+func (sf *sourceFigures) slotLagMax(rates ...float64) float64 {
+	most := -1.0
+	for _, rate := range rates {
+		for _, r := range sf.latency[rate] {
+			most = max(most, r.slotLagMax)
+		}
+	}
+	return most
+}
+
+// report prints the table of medians with each goal's verdict, then the
+// sources side by side, then the name-value lines, last.
+func (b *bench) report(o options, f figures) {
+	poll := f.src[sourcePoll]
 	idleMax := 0.0
-	for _, v := range f.idle {
+	for _, v := range poll.idle {
 		idleMax = max(idleMax, v)
 	}
-	intakeRatio, burndownRatio := median(f.intakeRatio), median(f.burndownRatio)
+	intakeRatio, burndownRatio := median(f.intakeRatio), median(poll.burndownRatio)
 
 	b.printf("\nmedians of %d rounds (a ratio is the median of the rounds' ratios)\n", o.rounds)
 	w := tabwriter.NewWriter(b.out, 0, 0, 2, ' ', 0)
@@ -269,20 +367,17 @@ func (b *bench) report(o options, f figures) {
 	fmt.Fprintf(w, "intake\t%.0f students/s\t%.0f/s\t%.2f\t≥ %.1f× bound\t%s\n",
 		median(f.intake), median(f.intakeBound), intakeRatio, goalRatio, verdict(intakeRatio >= goalRatio))
 	fmt.Fprintf(w, "burndown\t%.0f linked/s\t%.0f/s\t%.2f\t≥ %.1f× bound\t%s\n",
-		median(f.burndown), median(f.burndownBound), burndownRatio, goalRatio, verdict(burndownRatio >= goalRatio))
+		median(poll.burndown), median(f.burndownBound), burndownRatio, goalRatio, verdict(burndownRatio >= goalRatio))
 	for _, rate := range latencyRates {
-		goal := goalP99At200
-		if rate == 500 {
-			goal = goalP99At500
-		}
-		res := f.latency[rate]
+		goal := goalP99(rate)
+		res := poll.latency[rate]
 		fmt.Fprintf(w, "latency at %.0f/s\tp50 %s  p90 %s  p99 %s\t\t\tp99 ≤ %s\t%s\n", rate,
 			ms(medianDuration(res, func(r latencyResult) time.Duration { return r.p50 })),
 			ms(medianDuration(res, func(r latencyResult) time.Duration { return r.p90 })),
-			ms(p99(rate)), ms(goal), verdict(p99(rate) <= goal))
+			ms(poll.p99(rate)), ms(goal), verdict(poll.p99(rate) <= goal))
 	}
 	for _, name := range []string{studentBin, usersBin, senderBin} {
-		fmt.Fprintf(w, "idle CPU, %s\t%.2f%% of a core\t\t\t< %.0f%%\t%s\n", name, f.idle[name], goalIdleCPUPct, verdict(f.idle[name] < goalIdleCPUPct))
+		fmt.Fprintf(w, "idle CPU, %s\t%.2f%% of a core\t\t\t< %.0f%%\t%s\n", name, poll.idle[name], goalIdleCPUPct, verdict(poll.idle[name] < goalIdleCPUPct))
 	}
 	for _, name := range []string{studentBin, usersBin, senderBin} {
 		fmt.Fprintf(w, "peak RSS, %s\t%.1f MB\t\t\t\t\n", name, float64(b.procs.peakKB(name))/1024)
@@ -292,11 +387,127 @@ func (b *bench) report(o options, f figures) {
 	b.printf("over students sent after the warm-up; peak RSS is VmHWM, the highest over every run of the binary.\n")
 	b.printf("PostgreSQL: %s.\n\n", b.durability)
 
+	cdc := f.src[sourceCDC]
+	if cdc != nil {
+		b.sideBySide(o, f)
+	}
+
 	fmt.Fprintf(b.out, "intake_ratio %.2f\n", intakeRatio)
 	fmt.Fprintf(b.out, "burndown_ratio %.2f\n", burndownRatio)
-	fmt.Fprintf(b.out, "p99_ms_at_200 %.1f\n", msFloat(p99(200)))
-	fmt.Fprintf(b.out, "p99_ms_at_500 %.1f\n", msFloat(p99(500)))
+	fmt.Fprintf(b.out, "p99_ms_at_200 %.1f\n", msFloat(poll.p99(200)))
+	fmt.Fprintf(b.out, "p99_ms_at_500 %.1f\n", msFloat(poll.p99(500)))
 	fmt.Fprintf(b.out, "idle_cpu_pct_max %.1f\n", idleMax)
+	if cdc != nil {
+		fmt.Fprintf(b.out, "cdc_burndown_ratio %.2f\n", median(cdc.burndownRatio))
+		fmt.Fprintf(b.out, "cdc_p99_ms_at_200 %.1f\n", msFloat(cdc.p99(200)))
+		fmt.Fprintf(b.out, "cdc_p99_ms_at_500 %.1f\n", msFloat(cdc.p99(500)))
+		fmt.Fprintf(b.out, "cdc_idle_cpu_pct %.2f\n", cdc.idle[senderBin])
+		fmt.Fprintf(b.out, "cdc_slot_lag_bytes_max %.0f\n", max(0, cdc.slotLagMax(latencyRates...)))
+	}
+}
+
+// sideBySide prints the sender's two sources in columns: medians, with the
+// rounds' range beside each, since one round on a shared machine can be
+// far from the next.
+func (b *bench) sideBySide(o options, f figures) {
+	poll, cdc := f.src[sourcePoll], f.src[sourceCDC]
+	b.printf("the sender's sources side by side (SENDER_SOURCE; medians of %d rounds, the rounds' range in brackets)\n", o.rounds)
+	w := tabwriter.NewWriter(b.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "measure\tpoll (default)\tcdc\tgoal\t\n")
+	cells := func(cell func(sf *sourceFigures) string) string {
+		return cell(poll) + "\t" + cell(cdc)
+	}
+	fmt.Fprintf(w, "burndown\t%s\t\t\n", cells(func(sf *sourceFigures) string {
+		return fmt.Sprintf("%.0f linked/s", median(sf.burndown))
+	}))
+	fmt.Fprintf(w, "burndown, of its bound (%.0f/s)\t%s\t≥ %.1f×\t\n", median(f.burndownBound), cells(func(sf *sourceFigures) string {
+		r := median(sf.burndownRatio)
+		return fmt.Sprintf("%.2f [%s] %s", r, spread(sf.burndownRatio, "%.2f"), verdict(r >= goalRatio))
+	}), goalRatio)
+	for _, rate := range latencyRates {
+		goal := goalP99(rate)
+		fmt.Fprintf(w, "latency at %.0f/s, p50 / p90 / p99\t%s\tp99 ≤ %s\t\n", rate, cells(func(sf *sourceFigures) string {
+			res := sf.latency[rate]
+			return fmt.Sprintf("%.1f / %.1f / %.1f ms %s",
+				msFloat(medianDuration(res, func(r latencyResult) time.Duration { return r.p50 })),
+				msFloat(medianDuration(res, func(r latencyResult) time.Duration { return r.p90 })),
+				msFloat(sf.p99(rate)), verdict(sf.p99(rate) <= goal))
+		}), ms(goal))
+		fmt.Fprintf(w, "  p99 at %.0f/s, rounds\t%s\t\t\n", rate, cells(func(sf *sourceFigures) string {
+			p99s := make([]float64, 0, len(sf.latency[rate]))
+			for _, r := range sf.latency[rate] {
+				p99s = append(p99s, msFloat(r.p99))
+			}
+			return "[" + spread(p99s, "%.0f") + " ms]"
+		}))
+	}
+	for _, rate := range latencyRates {
+		fmt.Fprintf(w, "  linked ≥ %s after sent at %.0f/s, rounds\t%s\t\t\n", cdcGrace, rate, cells(func(sf *sourceFigures) string {
+			late, all := 0, 0
+			for _, r := range sf.latency[rate] {
+				late, all = late+r.late, all+r.students
+			}
+			return fmt.Sprintf("%d of %d", late, all)
+		}))
+	}
+	for _, rate := range latencyRates {
+		lag := cdc.slotLagMax(rate)
+		fmt.Fprintf(w, "slot lag at %.0f/s, largest sample\t-\t%s\t\t\n", rate, kB(lag))
+	}
+	fmt.Fprintf(w, "idle CPU, %s\t%s\t< %.0f%%\t\n", senderBin, cells(func(sf *sourceFigures) string {
+		return fmt.Sprintf("%.2f%% of a core %s", sf.idle[senderBin], verdict(sf.idle[senderBin] < goalIdleCPUPct))
+	}), goalIdleCPUPct)
+	for _, rate := range latencyRates {
+		fmt.Fprintf(w, "PostgreSQL CPU at %.0f/s\t%s\t\t\n", rate, cells(func(sf *sourceFigures) string {
+			return pct(median(serverCPUs(sf.latency[rate])))
+		}))
+	}
+	fmt.Fprintf(w, "PostgreSQL CPU, idle\t%s\t\t\n", cells(func(sf *sourceFigures) string { return pct(sf.idleServer) }))
+	fmt.Fprintf(w, "peak RSS, %s\t%.1f MB\t%.1f MB\t\t\n", senderBin,
+		float64(b.procs.peakKB(senderBin))/1024, float64(b.procs.peakKB(senderBin+" (cdc)"))/1024)
+	w.Flush()
+	b.printf("slot lag: pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, sampled every %s from the first send\n", slotLagEvery)
+	b.printf("to the last link (the server's WAL position: other databases' WAL counts until the slot confirms past it).\n")
+	if b.postmaster != 0 {
+		b.printf("PostgreSQL CPU: all the server's processes (backends, walsenders, checkpointer...), from the first send to the\n")
+		b.printf("last link, and over the idle window; the bench's own cluster serves nothing else meanwhile.\n")
+	}
+	b.printf("cdc burndown: the slot exists before the backlog, as after an outage (burndownReal); its bound is poll's.\n\n")
+}
+
+// serverCPUs are the runs' PostgreSQL CPU figures, those measured.
+func serverCPUs(runs []latencyResult) []float64 {
+	var out []float64
+	for _, r := range runs {
+		if r.serverCPU >= 0 {
+			out = append(out, r.serverCPU)
+		}
+	}
+	return out
+}
+
+// pct is a share of one core, or "-" when not measured.
+func pct(v float64) string {
+	if v < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%% of a core", v)
+}
+
+// spread is "min–max" of xs, each in format.
+func spread(xs []float64, format string) string {
+	if len(xs) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf(format+"–"+format, slices.Min(xs), slices.Max(xs))
+}
+
+// kB is a size in bytes as kB, or "-" when negative (not measured).
+func kB(bytes float64) string {
+	if bytes < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f kB", bytes/1024)
 }
 
 func verdict(ok bool) string {
@@ -346,6 +557,43 @@ func setAndRestart(ctx context.Context, cluster *pgcluster.Cluster, statement st
 		return fmt.Errorf("configure PostgreSQL: %w", err)
 	}
 	return nil
+}
+
+// logicalDecoding fails unless the server can decode its WAL for a
+// replication slot (wal_level=logical), which the cdc source needs.
+func logicalDecoding(ctx context.Context, server string) error {
+	conn, err := pgx.Connect(ctx, server)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	var level string
+	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	if level != "logical" {
+		return fmt.Errorf("the server runs with wal_level=%s; the sender's cdc source needs logical (a restart is needed), or run with -cdc=false", level)
+	}
+	return nil
+}
+
+// postmasterPID is the process id of the server's postmaster, on this
+// host: the parent of a backend.
+func postmasterPID(ctx context.Context, server string) (int, error) {
+	conn, err := pgx.Connect(ctx, server)
+	if err != nil {
+		return 0, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	var backend int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		return 0, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	pid, err := parentPID(backend)
+	if err != nil {
+		return 0, fmt.Errorf("PostgreSQL's postmaster: %w", err)
+	}
+	return pid, nil
 }
 
 // tracksCommitTimes says whether the server records when each transaction

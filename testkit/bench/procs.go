@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -39,7 +38,10 @@ func buildBinaries(ctx context.Context, root, dir string) error {
 // proc is one binary running as a child process, in its own process group,
 // with its output in a log file.
 type proc struct {
-	name    string // the binary's name
+	name string // the binary's name
+	// peakKey is what its peak RSS is reported under: the binary's name,
+	// or the sender's with its source when that is not the default.
+	peakKey string
 	logPath string
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the process has exited
@@ -63,7 +65,7 @@ func startProc(bin, logPath string, env []string, args ...string) (*proc, error)
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", filepath.Base(bin), err)
 	}
-	p := &proc{name: filepath.Base(bin), logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &proc{name: filepath.Base(bin), peakKey: filepath.Base(bin), logPath: logPath, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		f.Close()
@@ -154,7 +156,7 @@ func (ps *procs) add(p *proc) {
 func (ps *procs) stop(p *proc) {
 	if hwm, err := procStatusKB(p.pid(), "VmHWM"); err == nil {
 		ps.mu.Lock()
-		ps.peak[p.name] = max(ps.peak[p.name], hwm)
+		ps.peak[p.peakKey] = max(ps.peak[p.peakKey], hwm)
 		ps.mu.Unlock()
 	}
 	p.stop()
@@ -197,26 +199,15 @@ const clockTicks = 100
 
 // cpuTime is the CPU time the process has used, user and system.
 func cpuTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := statFields(pid)
 	if err != nil {
 		return 0, fmt.Errorf("cpu time: %w", err)
 	}
-	// The command name (field 2) is in parentheses and may hold spaces;
-	// the fields after its closing parenthesis start with field 3.
-	_, rest, ok := bytes.Cut(b, []byte(") "))
-	if !ok {
-		return 0, fmt.Errorf("cpu time: odd /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(rest))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("cpu time: odd /proc/%d/stat", pid)
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
-	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
-	if err := errors.Join(err1, err2); err != nil {
+	t, err := ticks(f, 14, 15) // utime, stime
+	if err != nil {
 		return 0, fmt.Errorf("cpu time: %w", err)
 	}
-	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+	return t, nil
 }
 
 // procStatusKB reads a "Vm…: N kB" line of /proc/PID/status.
@@ -235,4 +226,77 @@ func procStatusKB(pid int, field string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%s: not in /proc/%d/status", field, pid)
+}
+
+// statFields are the fields of /proc/PID/stat from field 3 (the state) on:
+// the command name before them, in parentheses, may hold spaces.
+func statFields(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	_, rest, ok := bytes.Cut(b, []byte(") "))
+	if !ok {
+		return nil, fmt.Errorf("odd /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(rest))
+	if len(f) < 15 {
+		return nil, fmt.Errorf("odd /proc/%d/stat", pid)
+	}
+	return f, nil
+}
+
+// ticks sums fields of stat (numbered as proc(5) numbers them) as CPU time.
+func ticks(f []string, fields ...int) (time.Duration, error) {
+	var n int64
+	for _, field := range fields {
+		v, err := strconv.ParseInt(f[field-3], 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		n += v
+	}
+	return time.Duration(n) * time.Second / clockTicks, nil
+}
+
+// parentPID is the parent of process pid (field 4 of its stat).
+func parentPID(pid int) (int, error) {
+	f, err := statFields(pid)
+	if err != nil {
+		return 0, fmt.Errorf("parent of %d: %w", pid, err)
+	}
+	return strconv.Atoi(f[1])
+}
+
+// serverCPU is the CPU time a PostgreSQL server has used: its postmaster's
+// own and that of its children that have exited (cutime and cstime: the
+// postmaster reaps every backend), plus each running child's (the
+// backends, the walsenders, the checkpointer, the WAL writer...).
+func serverCPU(postmaster int) (time.Duration, error) {
+	f, err := statFields(postmaster)
+	if err != nil {
+		return 0, fmt.Errorf("server cpu: %w", err)
+	}
+	total, err := ticks(f, 14, 15, 16, 17)
+	if err != nil {
+		return 0, fmt.Errorf("server cpu: %w", err)
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("server cpu: %w", err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		f, err := statFields(pid)
+		if err != nil || f[1] != strconv.Itoa(postmaster) {
+			continue // gone meanwhile, or not the server's
+		}
+		if t, err := ticks(f, 14, 15); err == nil {
+			total += t
+		}
+	}
+	return total, nil
 }

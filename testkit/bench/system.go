@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -30,10 +31,14 @@ type bench struct {
 	dir         string // binaries and logs
 	q           queries
 	procs       *procs
+	// postmaster is the process id of the bench's own cluster's
+	// postmaster, whose CPU use the bench reads; 0 on another server.
+	postmaster int
 
-	mu  sync.Mutex
-	seq int             // numbers databases and log files
-	dbs map[string]bool // databases created and not yet dropped
+	mu    sync.Mutex
+	seq   int             // numbers databases and log files
+	dbs   map[string]bool // databases created and not yet dropped
+	slots map[string]bool // replication slots a cdc sender may have made, not yet dropped
 }
 
 // The sender's bearer token, as Users lists it (USERS_API_TOKENS).
@@ -68,6 +73,10 @@ func (b *bench) dbURL(name, role, password string) string {
 // databases is a fresh pair, Student's and Users', migrated by the binaries.
 type databases struct {
 	student, users string // database names
+	// slot is the replication slot a sender with SENDER_SOURCE=cdc uses
+	// on Student's database (SENDER_CDC_SLOT): slots belong to the whole
+	// server, so each pair has its own, dropped before its database.
+	slot string
 	// As the administrator: for seeding, counting and checking.
 	studentAdmin, usersAdmin *pgxpool.Pool
 }
@@ -77,7 +86,7 @@ type databases struct {
 // deployment does.
 func (b *bench) freshDatabases(ctx context.Context) (*databases, error) {
 	n := b.next()
-	d := &databases{student: fmt.Sprintf("bench_student_%d", n), users: fmt.Sprintf("bench_users_%d", n)}
+	d := &databases{student: fmt.Sprintf("bench_student_%d", n), users: fmt.Sprintf("bench_users_%d", n), slot: fmt.Sprintf("bench_cdc_%d", n)}
 	for _, name := range []string{d.student, d.users} {
 		if err := b.createDatabase(ctx, name); err != nil {
 			return nil, err
@@ -159,11 +168,59 @@ func (b *bench) migrate(ctx context.Context, bin, name string, n int) error {
 	return nil
 }
 
-// drop closes the pools and drops both databases.
+// drop closes the pools and drops both databases, and first the
+// replication slot, if a cdc sender made one: a database that a slot
+// decodes cannot be dropped, even WITH (FORCE).
 func (b *bench) drop(d *databases) {
 	d.studentAdmin.Close()
 	d.usersAdmin.Close()
+	b.dropSlots(d.slot)
 	b.dropDatabases(d.student, d.users)
+}
+
+// dropSlots drops the named replication slots that exist. A slot that a
+// sender still streams from cannot be dropped, and a sender reconnects
+// fast, so its walsender is ended and the drop tried again until it
+// succeeds (as dropSlot in outbox-sender/sender/cdc_test.go). The bench
+// stops its senders before it drops anything; this is for a sender that
+// did not stop.
+func (b *bench) dropSlots(names ...string) {
+	b.mu.Lock()
+	var todo []string
+	for _, name := range names {
+		if b.slots[name] {
+			todo = append(todo, name)
+		}
+	}
+	b.mu.Unlock()
+	if len(todo) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, b.server.String())
+	if err != nil {
+		b.printf("warning: drop replication slots %v: %v\n", todo, err)
+		return
+	}
+	defer conn.Close(ctx)
+	for _, name := range todo {
+		for {
+			_, _ = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, name)
+			_, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
+			if err == nil {
+				b.mu.Lock()
+				delete(b.slots, name)
+				b.mu.Unlock()
+				break
+			}
+			if ctx.Err() != nil {
+				b.printf("warning: drop replication slot %s: %v\n", name, err)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 }
 
 func (b *bench) dropDatabases(names ...string) {
@@ -188,22 +245,33 @@ func (b *bench) dropDatabases(names ...string) {
 
 func (b *bench) dropAll() {
 	b.mu.Lock()
-	var names []string
+	var names, slots []string
 	for name := range b.dbs {
 		names = append(names, name)
 	}
+	for name := range b.slots {
+		slots = append(slots, name)
+	}
 	b.mu.Unlock()
+	b.dropSlots(slots...)
 	if len(names) > 0 {
 		b.dropDatabases(names...)
 	}
 }
 
+// Where the sender takes new rows from (SENDER_SOURCE).
+const (
+	sourcePoll = "poll" // the shipped default: the table, woken by notifications
+	sourceCDC  = "cdc"  // the write-ahead log, through a logical replication slot
+)
+
 // system is the binaries running on one pair of databases.
 type system struct {
-	b     *bench
-	d     *databases
-	n     int                 // numbers the log files
-	extra map[string][]string // more variables, by binary (the soak's retentions)
+	b      *bench
+	d      *databases
+	n      int                 // numbers the log files
+	extra  map[string][]string // more variables, by binary (the soak's retentions)
+	source string              // the sender's SENDER_SOURCE: sourcePoll or sourceCDC
 
 	student, users, sender          *proc
 	studentAddr, usersAddr, admAddr string // listen addresses, 127.0.0.1:port
@@ -212,8 +280,12 @@ type system struct {
 	studentAdmAddr, usersAdmAddr string
 }
 
-// which of the binaries to start.
-type which struct{ student, users, sender bool }
+// which of the binaries to start, and the sender's source ("" is poll,
+// the shipped default).
+type which struct {
+	student, users, sender bool
+	source                 string
+}
 
 // start starts the chosen binaries on d (see system.launch), Users before
 // the sender, so that the sender never meets a Users that is not there yet.
@@ -222,6 +294,7 @@ func (b *bench) start(ctx context.Context, d *databases, w which, extra map[stri
 	if err != nil {
 		return nil, err
 	}
+	s.source = cmp.Or(w.source, sourcePoll)
 	for _, step := range []struct {
 		want bool
 		bin  string
@@ -290,6 +363,19 @@ func (s *system) launch(ctx context.Context, bin string) error {
 			"SENDER_USERS_URL=http://" + s.usersAddr,
 			"SENDER_USERS_TOKEN=" + senderToken,
 		}
+		if s.source == sourceCDC {
+			// What a deployment must set for the cdc source: the source,
+			// the replication login, and a slot of this database's own.
+			env = append(env,
+				"SENDER_SOURCE="+sourceCDC,
+				"SENDER_CDC_DATABASE_URL="+b.dbURL(d.student, migrations.OutboxCDC, ""),
+				"SENDER_CDC_DATABASE_PASSWORD="+pgtest.Passwords[migrations.OutboxCDC],
+				"SENDER_CDC_SLOT="+d.slot,
+			)
+			b.mu.Lock()
+			b.slots[d.slot] = true
+			b.mu.Unlock()
+		}
 	default:
 		return fmt.Errorf("launch: no binary %q", bin)
 	}
@@ -299,9 +385,42 @@ func (s *system) launch(ctx context.Context, bin string) error {
 	if err != nil {
 		return err
 	}
+	if s.source == sourceCDC && bin == senderBin {
+		p.peakKey = senderBin + " (cdc)"
+	}
 	b.procs.add(p)
 	*slot = p
 	return p.waitReady(ctx, ready)
+}
+
+// waitStreaming waits until a sender streams from the system's replication
+// slot (pg_replication_slots shows it active): the cdc sender creates its
+// slot at start, and rows committed before the slot existed are not
+// streamed (the poll claims them after SENDER_CDC_GRACE).
+func (s *system) waitStreaming(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var active bool
+		err := s.d.studentAdmin.QueryRow(ctx,
+			"SELECT COALESCE(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", s.d.slot).Scan(&active)
+		if err != nil {
+			return fmt.Errorf("replication slot %s: %w", s.d.slot, err)
+		}
+		if active {
+			return nil
+		}
+		if err := s.alive(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no sender streams from replication slot %s after 30s; see %s", s.d.slot, s.sender.logPath)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
 }
 
 func (s *system) running() []*proc {

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+func TestRoundSources(t *testing.T) {
+	t.Parallel()
+	both := []string{sourcePoll, sourceCDC}
+	require.Equal(t, []string{sourcePoll, sourceCDC}, roundSources(both, 1))
+	require.Equal(t, []string{sourceCDC, sourcePoll}, roundSources(both, 2))
+	require.Equal(t, []string{sourcePoll, sourceCDC}, roundSources(both, 3))
+	require.Equal(t, []string{sourcePoll}, roundSources([]string{sourcePoll}, 2))
+	require.Equal(t, []string{sourcePoll, sourceCDC}, both, "the sources given are left as they were")
+}
+
+// TestReportLines checks the name-value lines scripts read: poll's as they
+// were before the cdc source, in the same order, then cdc's, last; and no
+// cdc line when only poll was measured.
+func TestReportLines(t *testing.T) {
+	t.Parallel()
+	lat := func(p99ms float64, lag float64) latencyResult {
+		d := time.Duration(p99ms * float64(time.Millisecond))
+		return latencyResult{p50: d / 4, p90: d / 2, p99: d, students: 100, slotLagMax: lag}
+	}
+	poll := &sourceFigures{
+		burndown: []float64{1000, 1200, 1100}, burndownRatio: []float64{0.5, 0.7, 0.6},
+		latency: map[float64][]latencyResult{200: {lat(20, -1), lat(30, -1), lat(25, -1)}, 500: {lat(100, -1), lat(300, -1), lat(200, -1)}},
+		idle:    map[string]float64{studentBin: 0, usersBin: 0.04, senderBin: 0.55},
+	}
+	cdc := &sourceFigures{
+		burndown: []float64{900, 1300, 1000}, burndownRatio: []float64{0.45, 0.75, 0.5},
+		latency: map[float64][]latencyResult{200: {lat(10, 4096), lat(12, 8192), lat(11, 1024)}, 500: {lat(50, 65536), lat(70, 2048), lat(60, 0)}},
+		idle:    map[string]float64{studentBin: 0, usersBin: 0, senderBin: 0.8},
+	}
+	f := figures{
+		intake: []float64{2000, 2100, 2050}, intakeBound: []float64{3000, 3000, 3000}, intakeRatio: []float64{0.66, 0.7, 0.68},
+		burndownBound: []float64{2000, 2000, 2000},
+		src:           map[string]*sourceFigures{sourcePoll: poll, sourceCDC: cdc},
+	}
+	report := func(f figures) []string {
+		var out bytes.Buffer
+		b := &bench{out: &out, procs: &procs{set: map[*proc]bool{}, peak: map[string]int64{}}}
+		b.report(options{rounds: 3}, f)
+		lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+		return lines
+	}
+	pollLines := []string{
+		"intake_ratio 0.68",
+		"burndown_ratio 0.60",
+		"p99_ms_at_200 25.0",
+		"p99_ms_at_500 200.0",
+		"idle_cpu_pct_max 0.6",
+	}
+	lines := report(f)
+	require.Equal(t, append(pollLines,
+		"cdc_burndown_ratio 0.50",
+		"cdc_p99_ms_at_200 11.0",
+		"cdc_p99_ms_at_500 60.0",
+		"cdc_idle_cpu_pct 0.80",
+		"cdc_slot_lag_bytes_max 65536",
+	), lines[len(lines)-10:])
+	text := strings.Join(lines, "\n")
+	require.Contains(t, text, "poll (default)")
+	require.Contains(t, text, "0.50 [0.45–0.75] MISS")
+
+	delete(f.src, sourceCDC)
+	lines = report(f)
+	require.Equal(t, pollLines, lines[len(lines)-5:])
+	require.NotContains(t, strings.Join(lines, "\n"), "cdc")
+}
+
+// TestSlotLagAndDrop samples a real slot's lag and drops the slot while a
+// replication connection streams from it, as the bench does after each
+// cdc run: the drop must end the walsender first.
+func TestSlotLagAndDrop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.URL(t, migrations.Student)
+	admin := pgtest.Connect(t, dbURL)
+	var level string
+	require.NoError(t, admin.QueryRow(ctx, "SHOW wal_level").Scan(&level))
+	if level != "logical" {
+		t.Skipf("the server runs with wal_level=%s; the cdc source needs logical", level)
+	}
+	server, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	b := &bench{out: &bytes.Buffer{}, server: server, slots: map[string]bool{}}
+	slot := "bench_test_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	// Registered after the pool, so run before its database is dropped.
+	t.Cleanup(func() { b.dropSlots(slot) })
+	b.slots[slot] = true
+	_, err = admin.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+	require.NoError(t, err)
+
+	// A replication connection streaming from the slot, as a sender's.
+	cfg, err := pgconn.ParseConfig(dbURL)
+	require.NoError(t, err)
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	require.NoError(t, pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names 'outbox_inserts'"},
+	}))
+
+	stop := sampleSlotLag(ctx, admin, slot, 10*time.Millisecond)
+	for i := range 3 {
+		_, err := admin.Exec(ctx, `
+			WITH s AS (INSERT INTO students (id, name, email, document_number) VALUES (gen_random_uuid(), 'S', 's@example.com', $1) RETURNING id)
+			INSERT INTO outbox (idempotency_key, operation, student_id, payload) SELECT gen_random_uuid(), 'create-user', id, '{}' FROM s`,
+			fmt.Sprintf("LAG-%d", i))
+		require.NoError(t, err)
+	}
+	time.Sleep(100 * time.Millisecond) // nothing confirms: the lag stands
+	lag, err := stop()
+	require.NoError(t, err)
+	require.Positive(t, lag, "WAL written since the slot's confirmed position")
+
+	b.dropSlots(slot)
+	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot))
+	require.Empty(t, b.slots)
+}
