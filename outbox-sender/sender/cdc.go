@@ -645,39 +645,46 @@ const (
 
 // settleUnclaimed settles the streamed rows a claim did not return because
 // they are leased, locked, delivered or dead, and puts back to be claimed
-// again those it could not see at all: with synchronous commits, the
-// stream can announce a transaction a moment before it shows as committed
-// to other sessions. Settled as "held by another", such a row would wait
-// for the poll, SENDER_CDC_GRACE later. It returns how many it put back.
+// again those the claim may simply not have seen yet: with synchronous
+// commits, the stream can announce a transaction a moment before it shows
+// as committed to other sessions. Settled as "held by another", such a row
+// would wait for the poll, SENDER_CDC_GRACE later. It returns how many it
+// put back.
+//
+// Whether the claim saw a row cannot be asked afterwards: a later statement
+// may see it although the claim did not. So a row missed by a claim is
+// looked up; if it is visible now, it is claimed once more, and only a
+// claim that began after the row was seen visible, and still missed it,
+// settles it.
 func (s *Sender) settleUnclaimed(ctx context.Context, ids []int64) int {
 	if len(ids) == 0 {
 		return 0
 	}
 	tr := s.cdc.tr
-	cctx, cancel := database.WithDeadline(context.WithoutCancel(ctx), s.cfg.DatabaseTimeout)
-	visible, err := s.q.VisibleOutboxIDs(cctx, s.pool, ids)
-	cancel()
-	if err != nil {
-		// Unknown: the poll is the safety net, after SENDER_CDC_GRACE.
-		tr.settle(ids...)
-		return 0
-	}
-	seen := make(map[int64]bool, len(visible))
-	for _, id := range visible {
-		seen[id] = true
-	}
-	var settled, again []int64
+	var settled, unsure []int64
 	for _, id := range ids {
 		age, followed := tr.age(id)
-		if seen[id] || !followed || age > invisibleLimit {
+		if !followed || age > invisibleLimit || tr.seenVisible(id) {
 			settled = append(settled, id)
 		} else {
-			again = append(again, id)
+			unsure = append(unsure, id)
 		}
 	}
 	tr.settle(settled...)
-	tr.retake(again)
-	return len(again)
+	if len(unsure) == 0 {
+		return 0
+	}
+	cctx, cancel := database.WithDeadline(context.WithoutCancel(ctx), s.cfg.DatabaseTimeout)
+	visible, err := s.q.VisibleOutboxIDs(cctx, s.pool, unsure)
+	cancel()
+	if err != nil {
+		// Unknown: the poll is the safety net, after SENDER_CDC_GRACE.
+		tr.settle(unsure...)
+		return 0
+	}
+	tr.markVisible(visible)
+	tr.retake(unsure)
+	return len(unsure)
 }
 
 // leaveNew is how long the poll leaves a new row to the stream: 0 with the

@@ -27,6 +27,9 @@ type tracker struct {
 	// done counts the streamed rows whose transactions position has
 	// passed.
 	done int64
+	// visible holds the followed rows a lookup found visible after a
+	// claim missed them (settleUnclaimed).
+	visible map[int64]bool
 	// ready holds a signal while todo is not empty; freed, once rows
 	// settle, so that a reader holding back for memory reads again.
 	ready chan struct{}
@@ -43,7 +46,7 @@ type txn struct {
 }
 
 func newTracker() *tracker {
-	return &tracker{rows: map[int64]*txn{}, ready: make(chan struct{}, 1), freed: make(chan struct{}, 1)}
+	return &tracker{rows: map[int64]*txn{}, visible: map[int64]bool{}, ready: make(chan struct{}, 1), freed: make(chan struct{}, 1)}
 }
 
 // reset forgets what was streamed before: a new session streams it again
@@ -56,6 +59,7 @@ func (t *tracker) reset(from pglogrepl.LSN) {
 	defer t.mu.Unlock()
 	t.txns, t.pos = nil, from
 	clear(t.rows)
+	clear(t.visible)
 	if len(t.todo) > 0 {
 		wakeUp(t.ready)
 	}
@@ -137,6 +141,24 @@ func (t *tracker) age(id int64) (time.Duration, bool) {
 	return time.Since(x.received), true
 }
 
+// markVisible records that followed rows were found visible.
+func (t *tracker) markVisible(ids []int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := t.rows[id]; ok {
+			t.visible[id] = true
+		}
+	}
+}
+
+// seenVisible says whether a row was found visible since a claim missed it.
+func (t *tracker) seenVisible(id int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.visible[id]
+}
+
 // queued is how many streamed rows wait to be claimed.
 func (t *tracker) queued() int {
 	t.mu.Lock()
@@ -154,6 +176,7 @@ func (t *tracker) settle(ids ...int64) {
 	for _, id := range ids {
 		if x, ok := t.rows[id]; ok {
 			delete(t.rows, id)
+			delete(t.visible, id)
 			x.unsettled--
 			n++
 		}

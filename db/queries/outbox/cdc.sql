@@ -31,5 +31,6 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
 -- announced may not be visible yet: with synchronous commits, PostgreSQL
 -- flushes a commit record (which the stream can then decode and send)
 -- before the committing transaction shows as committed to others. A row
--- ClaimStreamed did not return is settled only if it is visible here.
+-- ClaimStreamed did not return is claimed once more, and settled only if
+-- that claim, begun after this query saw the row, misses it too.
 SELECT id FROM outbox WHERE id = ANY(@ids::bigint[]);

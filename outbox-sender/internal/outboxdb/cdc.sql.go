@@ -106,7 +106,8 @@ SELECT id FROM outbox WHERE id = ANY($1::bigint[])
 // announced may not be visible yet: with synchronous commits, PostgreSQL
 // flushes a commit record (which the stream can then decode and send)
 // before the committing transaction shows as committed to others. A row
-// ClaimStreamed did not return is settled only if it is visible here.
+// ClaimStreamed did not return is claimed once more, and settled only if
+// that claim, begun after this query saw the row, misses it too.
 func (q *Queries) VisibleOutboxIDs(ctx context.Context, db DBTX, ids []int64) ([]int64, error) {
 	rows, err := db.Query(ctx, visibleOutboxIDs, ids)
 	if err != nil {
