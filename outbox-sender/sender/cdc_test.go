@@ -1,13 +1,11 @@
 package sender
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -76,28 +75,10 @@ func slotConfirmed(t *testing.T, pool *pgxpool.Pool, slot string) pglogrepl.LSN 
 	return pos
 }
 
-// logBuffer collects a sender's log lines for the test to read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // runLogged is run with the sender's log lines kept.
-func runLogged(t *testing.T, pool *pgxpool.Pool, cfg Config) (*running, *logBuffer) {
+func runLogged(t *testing.T, pool *pgxpool.Pool, cfg Config) (*running, *apitest.Logs) {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &apitest.Logs{}
 	return runWith(t, slog.New(slog.NewJSONHandler(logs, nil)), pool, cfg), logs
 }
 
