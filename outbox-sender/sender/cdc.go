@@ -95,8 +95,6 @@ type cdc struct {
 	// while new rows are the poll's too, because no sender can stream
 	// (the slot is missing, lost, or cannot be read). Starting up, it is.
 	reading, fallback atomic.Bool
-	// lastConfirmed is the position this sender last confirmed.
-	lastConfirmed atomic.Uint64
 	// streamed is set once this process has streamed from the slot: its
 	// disappearance after that is news, not a first start.
 	streamed bool
@@ -402,7 +400,6 @@ func (c *cdc) stream(ctx context.Context, conn *pgconn.PgConn, from pglogrepl.LS
 			return fmt.Errorf("confirm position: %w", err)
 		}
 		sent, sentRows, lastWrite = max(pos, sent), rows, time.Now()
-		c.lastConfirmed.Store(uint64(sent))
 		return nil
 	}
 	for {

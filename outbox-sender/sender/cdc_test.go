@@ -142,7 +142,7 @@ func TestStandbyTakesOverTheSlot(t *testing.T) {
 	second.ID = "test-sender-2"
 	standby := run(t, pool, second)
 	eventually(t, "the second stands by, leaving new rows to the stream", func() bool {
-		return !standby.cdc.fallback.Load() && standby.cdc.lastConfirmed.Load() == 0
+		return !standby.cdc.fallback.Load() && !standby.cdc.reading.Load()
 	})
 	time.Sleep(1500 * time.Millisecond) // more than one try to take the slot
 	require.False(t, standby.cdc.reading.Load(), "one reader per slot")
