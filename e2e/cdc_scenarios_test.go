@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/internal/invariant"
 )
 
 // cdcScenarios are the faults of the change-data-capture source alone
@@ -213,7 +215,7 @@ func cdcMixedSenders(s *scenario) {
 	s.minRedeliv = 1
 	// Both sources must have delivered: otherwise one of them only stood
 	// by, and the race between them was not tested.
-	s.afterChecks = append(s.afterChecks, func(r Report) {
+	s.afterChecks = append(s.afterChecks, func(r invariant.Report) {
 		if r.ClaimedBy[poll.name] == 0 {
 			s.violate("the polling sender delivered no row: it never raced the stream")
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/invariant"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -150,10 +151,10 @@ type scenario struct {
 
 	loads       []*studentLoad
 	foreignKeys []string
-	expect      Expect
+	expect      invariant.Expect
 	minReplays  int
 	minRedeliv  int
-	afterChecks []func(Report)
+	afterChecks []func(invariant.Report)
 	notes       []string
 	violations  []string
 	// drain is how long the system took from the network's heal until every
@@ -166,7 +167,7 @@ type scenario struct {
 
 // scenarioOutcome is what a scenario run found.
 type scenarioOutcome struct {
-	report     Report
+	report     invariant.Report
 	violations []string
 	duration   time.Duration
 	drain      time.Duration // 0 unless the scenario measures one
@@ -573,11 +574,11 @@ func (s *scenario) settle() scenarioOutcome {
 
 	ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
 	defer cancel()
-	st, err := Load(ctx, s.studentURL, s.usersURL)
+	st, err := invariant.Load(ctx, s.studentURL, s.usersURL)
 	require.NoError(t, err, "the checker could not read the databases")
-	rep := Classify(st, Input{ForeignKeys: s.foreignKeys, Acked: s.acked()})
+	rep := invariant.Classify(st, invariant.Input{ForeignKeys: s.foreignKeys, Acked: s.acked()})
 
-	v := Violations(rep, s.expect)
+	v := invariant.Violations(rep, s.expect)
 	if rep.Replays < s.minReplays {
 		v = append(v, fmt.Sprintf("replays = %d, want at least %d", rep.Replays, s.minReplays))
 	}
@@ -612,7 +613,7 @@ func (s *scenario) settle() scenarioOutcome {
 // checkAPI compares what Student's API shows for each acknowledged student
 // with the checker's verdict: linked with the same user id, or failed for a
 // dead-lettered row. It is what a user of the system would see.
-func (s *scenario) checkAPI(rep Report, st State) []string {
+func (s *scenario) checkAPI(rep invariant.Report, st invariant.State) []string {
 	userOf := map[uuid.UUID]uuid.UUID{}
 	for _, row := range st.Students {
 		userOf[row.ID] = row.UserID.UUID
@@ -642,9 +643,9 @@ func (s *scenario) checkAPI(rep Report, st State) []string {
 		switch {
 		case err != nil:
 			why = err.Error()
-		case class == Linked && (got.Provisioning.State != "linked" || got.UserID == nil || *got.UserID != userOf[id]):
+		case class == invariant.Linked && (got.Provisioning.State != "linked" || got.UserID == nil || *got.UserID != userOf[id]):
 			why = fmt.Sprintf("state %q, user_id %v; the database has %s", got.Provisioning.State, got.UserID, userOf[id])
-		case class == Dead && (got.Provisioning.State != "failed" || got.Provisioning.Reason == nil):
+		case class == invariant.Dead && (got.Provisioning.State != "failed" || got.Provisioning.Reason == nil):
 			why = fmt.Sprintf("state %q for a dead-lettered row", got.Provisioning.State)
 		}
 		if why != "" {

@@ -19,6 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outboxref/outboxref/internal/invariant"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 )
 
@@ -39,10 +40,12 @@ var suite struct {
 	results []scenarioResult
 }
 
-// buildSet is the three programs a scenario runs.
+// buildSet is the three programs a scenario runs, and the fault lab
+// (TestLabInBrowser), which no broken variant patches.
 type buildSet struct {
 	label                  string // "good" or the broken variant
 	student, users, sender string
+	lab                    string
 }
 
 // scenarioResult is one scenario's line in the closing summary.
@@ -53,7 +56,7 @@ type scenarioResult struct {
 	verdict  string
 	duration time.Duration
 	drain    time.Duration // from the heal until every student was linked; 0 if not measured
-	report   Report
+	report   invariant.Report
 }
 
 func TestMain(m *testing.M) {
@@ -138,12 +141,12 @@ func startCluster(name string) (*pgcluster.Cluster, error) {
 	return c, nil
 }
 
-// buildAll builds the three binaries, and the broken variants that
-// E2E_BROKEN asks for.
+// buildAll builds the three binaries and the lab, and the broken variants
+// that E2E_BROKEN asks for.
 func buildAll() error {
 	start := time.Now()
 	dir := filepath.Join(suite.work, "good")
-	if err := goBuild(dir, "", "./services/student", "./services/users", "./outbox-sender"); err != nil {
+	if err := goBuild(dir, "", "./services/student", "./services/users", "./outbox-sender", "./lab"); err != nil {
 		return err
 	}
 	suite.good = buildSet{
@@ -151,6 +154,7 @@ func buildAll() error {
 		student: filepath.Join(dir, "student"),
 		users:   filepath.Join(dir, "users"),
 		sender:  filepath.Join(dir, "outbox-sender"),
+		lab:     filepath.Join(dir, "lab"),
 	}
 	fmt.Printf("e2e: built the binaries in %s\n", time.Since(start).Round(time.Millisecond))
 

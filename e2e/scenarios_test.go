@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/internal/invariant"
 )
 
 // scenarios are the faults of the issues, in order: the ten of the first,
@@ -316,13 +318,13 @@ func poisonRow(s *scenario) {
 	others.wait(time.Minute)
 	poison.wait(time.Minute)
 	s.expect.Dead = 1
-	s.afterChecks = append(s.afterChecks, func(r Report) {
+	s.afterChecks = append(s.afterChecks, func(r invariant.Report) {
 		ids := poison.ackedIDs()
 		if len(ids) != 1 {
 			s.violate("the poison student was not created")
 			return
 		}
-		if r.ByClass[ids[0]] != Dead {
+		if r.ByClass[ids[0]] != invariant.Dead {
 			s.violate("the poison student is %s, want dead", r.ByClass[ids[0]])
 		}
 		for why := range r.DeadReasons {
@@ -391,7 +393,7 @@ func idempotentBursts(s *scenario) {
 	}
 	keys := waves * keysPerWave
 	s.note("%d keys × %d identical concurrent requests: %d answers", keys, perKey, answered)
-	s.afterChecks = append(s.afterChecks, func(r Report) {
+	s.afterChecks = append(s.afterChecks, func(r invariant.Report) {
 		if r.Foreign != keys || r.Users != keys {
 			s.violate("Users has %d users (%d under the burst keys), want %d", r.Users, r.Foreign, keys)
 		}

@@ -1,4 +1,4 @@
-package e2e
+package invariant
 
 import (
 	"context"
@@ -306,4 +306,40 @@ func TestLoad(t *testing.T) {
 	require.Equal(t, 1, r.Redeliveries)
 	require.Equal(t, 1, r.Replays)
 	require.Empty(t, Violations(r, Expect{}))
+
+	// A live read of the same rows through pools: users that were there
+	// before Student was read are all judged.
+	live, recent, err := LoadLive(ctx, studentDB, usersDB)
+	require.NoError(t, err)
+	require.Equal(t, st, live)
+	require.Empty(t, recent)
+}
+
+// TestClassifyLiveRecentUsers: a live read may see a user made for a
+// student created after Student was read, or for a dead row redriven
+// since. Neither may count against the system, and only those users, the
+// Recent ones, are spared.
+func TestClassifyLiveRecentUsers(t *testing.T) {
+	t.Parallel()
+	var w world
+	stray := w.user("DOC-NEW") // its student is not in the read
+	deadID, deadKey := w.student("dead", 1)
+	w.setError(deadID, "invalid-request")
+	redriven := w.user(docOf(w.n))
+	w.inbox(deadKey, redriven, 0)
+
+	r := Classify(w.st, Input{})
+	require.Equal(t, 1, r.Unexpected, "without Recent the stray user is unexpected")
+	require.Equal(t, Lost, r.ByClass[deadID], "without Recent a dead row with a user is lost")
+
+	r = Classify(w.st, Input{Recent: map[uuid.UUID]bool{stray: true, redriven: true}})
+	require.Zero(t, r.Unexpected)
+	require.Equal(t, Pending, r.ByClass[deadID])
+	require.Zero(t, r.Lost)
+
+	checks := r.Checks()
+	require.Len(t, checks, 4)
+	for _, c := range checks {
+		require.NotEmpty(t, c.Explanation, c.Name)
+	}
 }

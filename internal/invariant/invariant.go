@@ -1,10 +1,12 @@
-// Package e2e is the end-to-end fault-injection suite: it runs the real
-// binaries against real PostgreSQL, breaks things, and proves with numbers
-// that nothing was lost and nothing was duplicated. The suite itself is
-// behind the e2e build tag (make e2e); the pieces that need no running
-// system, this checker and the broken-build patches, build without it so
-// that make test covers them.
-package e2e
+// Package invariant judges the system from its two databases: whether every
+// student ended with exactly one user, linked to the one Users stored under
+// the student's idempotency key. It trusts nothing the services say about
+// themselves: only the rows count.
+//
+// Two readers share it: the fault-injection suite (e2e/), which judges a
+// system that has gone quiet, and the fault lab (lab/), which shows the
+// same verdict live while a person breaks the network.
+package invariant
 
 import (
 	"context"
@@ -16,10 +18,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
-
-// The checker reads both databases once the system has gone quiet and
-// classifies every student and every user. It trusts nothing the services
-// say about themselves: only the rows count.
 
 // StudentRow is a row of Student's students table.
 type StudentRow struct {
@@ -70,6 +68,10 @@ type Input struct {
 	// Acked are the students Student answered 201 for. Each must exist:
 	// an acknowledged commit that disappears is the worst kind of loss.
 	Acked []uuid.UUID
+	// Recent are users a live read cannot judge yet (LoadLive): one that no
+	// student accounts for is not counted as unexpected, and a dead row
+	// whose key made one was redriven since, so it counts as pending.
+	Recent map[uuid.UUID]bool
 }
 
 // Class is the verdict on one student.
@@ -193,7 +195,7 @@ func Classify(st State, in Input) Report {
 			claimed[ib.ResourceID.UUID] = true
 		}
 
-		class := classifyStudent(&r, s, o, hasOutbox, ib, hasInbox, byDoc[s.DocumentNumber], users)
+		class := classifyStudent(&r, s, o, hasOutbox, ib, hasInbox, byDoc[s.DocumentNumber], users, in.Recent)
 		r.ByClass[s.ID] = class
 		switch class {
 		case Linked:
@@ -222,6 +224,8 @@ func Classify(st State, in Input) Report {
 		switch {
 		case foreign[u.ID]:
 			r.Foreign++
+		case !claimed[u.ID] && in.Recent[u.ID]:
+			// Its student may have been created after Student was read.
 		case !claimed[u.ID]:
 			r.Unexpected++
 			r.problem("unexpected user %s (document %s): no student is linked to it and no key of a student or of the test stored it",
@@ -239,7 +243,7 @@ func Classify(st State, in Input) Report {
 }
 
 func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib InboxRow, hasInbox bool,
-	docUsers []UserRow, users map[uuid.UUID]UserRow,
+	docUsers []UserRow, users map[uuid.UUID]UserRow, recent map[uuid.UUID]bool,
 ) Class {
 	switch {
 	case len(docUsers) > 1:
@@ -279,6 +283,8 @@ func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib In
 
 	case o.State == "dead":
 		switch {
+		case hasInbox && ib.ResourceID.Valid && recent[ib.ResourceID.UUID]:
+			return Pending // redriven since Student was read, and delivered
 		case hasInbox && ib.ResourceID.Valid:
 			r.problem("lost: student %s was dead-lettered (%q) although Users created user %s under key %s", s.ID, o.LastError, ib.ResourceID.UUID, o.Key)
 			return Lost
@@ -298,6 +304,25 @@ func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib In
 		r.problem("lost: student %s: outbox row is %s but user_id is unset and Users stored no user under key %s", s.ID, o.State, o.Key)
 	}
 	return Lost
+}
+
+// A Check is one invariant, as counted in a report, with what a count
+// above zero would mean.
+type Check struct {
+	Name        string `json:"name"`
+	Count       int    `json:"count"`
+	Explanation string `json:"explanation"`
+}
+
+// Checks are the invariants that must hold at every moment, even while
+// faults are on and rows are still pending: the fault lab shows them live.
+func (r Report) Checks() []Check {
+	return []Check{
+		{"lost", r.Lost, "A student whose user will never come: it was marked delivered or dead-lettered without a link, or its outbox row is missing. The outbox exists to make this impossible."},
+		{"duplicated", r.Duplicated, "A student with more than one user. A retry that Users performed again instead of replaying its stored answer would make one."},
+		{"mislinked", r.Mislinked, "A student linked to a user other than the one Users stored under the student's idempotency key: an answer recorded on the wrong row."},
+		{"unexpected", r.Unexpected, "A user no student accounts for: created under a key no outbox row carries, as a delivery with a fresh key each attempt would do."},
+	}
 }
 
 // Expect is what a scenario allows beyond the invariants.
@@ -351,76 +376,130 @@ func (r Report) Table() string {
 	return b.String()
 }
 
-// Load reads the state of both databases. Each database is read in one
-// repeatable-read transaction, so the rows of one database are consistent
-// with each other.
+// Load reads the state of both databases of a system that has gone quiet.
+// Each database is read in one repeatable-read transaction, so the rows of
+// one database are consistent with each other.
 func Load(ctx context.Context, studentURL, usersURL string) (State, error) {
 	var st State
-	err := readOnly(ctx, studentURL, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id, document_number, user_id FROM students`)
-		if err != nil {
-			return err
-		}
-		st.Students, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (StudentRow, error) {
-			var s StudentRow
-			return s, row.Scan(&s.ID, &s.DocumentNumber, &s.UserID)
-		})
-		if err != nil {
-			return fmt.Errorf("students: %w", err)
-		}
-		rows, err = tx.Query(ctx, `SELECT student_id, idempotency_key::text, state, attempts,
-			coalesce(last_error, ''), coalesce(claimed_by, '') FROM outbox WHERE operation = 'create-user'`)
-		if err != nil {
-			return err
-		}
-		st.Outbox, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxRow, error) {
-			var o OutboxRow
-			return o, row.Scan(&o.StudentID, &o.Key, &o.State, &o.Attempts, &o.LastError, &o.ClaimedBy)
-		})
-		if err != nil {
-			return fmt.Errorf("outbox: %w", err)
-		}
-		return nil
-	})
+	err := readURL(ctx, studentURL, func(tx pgx.Tx) error { return st.readStudent(ctx, tx) })
 	if err != nil {
 		return State{}, fmt.Errorf("read Student's database: %w", err)
 	}
-	err = readOnly(ctx, usersURL, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id, document_number, enabled FROM users`)
-		if err != nil {
-			return err
-		}
-		st.Users, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (UserRow, error) {
-			var u UserRow
-			return u, row.Scan(&u.ID, &u.DocumentNumber, &u.Enabled)
-		})
-		if err != nil {
-			return fmt.Errorf("users: %w", err)
-		}
-		rows, err = tx.Query(ctx, `SELECT idempotency_key, coalesce(status_code, 0), resource_id, replays FROM inbox`)
-		if err != nil {
-			return err
-		}
-		st.Inbox, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (InboxRow, error) {
-			var ib InboxRow
-			return ib, row.Scan(&ib.Key, &ib.StatusCode, &ib.ResourceID, &ib.Replays)
-		})
-		if err != nil {
-			return fmt.Errorf("inbox: %w", err)
-		}
-		return nil
-	})
+	err = readURL(ctx, usersURL, func(tx pgx.Tx) error { return st.readUsers(ctx, tx) })
 	if err != nil {
 		return State{}, fmt.Errorf("read Users' database: %w", err)
 	}
 	return st, nil
 }
 
-func readOnly(ctx context.Context, url string, f func(pgx.Tx) error) error {
+// Beginner is a database to read from: a *pgx.Conn or a *pgxpool.Pool.
+type Beginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// LoadLive reads a system that is still running, and returns the users it
+// cannot judge yet (Input.Recent). The two databases cannot be read at one
+// instant, so a delivery may land between the two reads. Reading Users
+// after Student means that every link Student shows is matched against an
+// inbox at least as new. The users that appear only then may belong to a
+// student created after Student was read, so Users is read once before as
+// well: a user already there then was made for a student Student's read
+// must show.
+func LoadLive(ctx context.Context, student, users Beginner) (State, map[uuid.UUID]bool, error) {
+	var before []uuid.UUID
+	err := read(ctx, users, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT id FROM users`)
+		if err != nil {
+			return err
+		}
+		before, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		return err
+	})
+	if err != nil {
+		return State{}, nil, fmt.Errorf("read Users' database: %w", err)
+	}
+	var st State
+	if err := read(ctx, student, func(tx pgx.Tx) error { return st.readStudent(ctx, tx) }); err != nil {
+		return State{}, nil, fmt.Errorf("read Student's database: %w", err)
+	}
+	if err := read(ctx, users, func(tx pgx.Tx) error { return st.readUsers(ctx, tx) }); err != nil {
+		return State{}, nil, fmt.Errorf("read Users' database: %w", err)
+	}
+	known := make(map[uuid.UUID]bool, len(before))
+	for _, id := range before {
+		known[id] = true
+	}
+	recent := map[uuid.UUID]bool{}
+	for _, u := range st.Users {
+		if !known[u.ID] {
+			recent[u.ID] = true
+		}
+	}
+	return st, recent, nil
+}
+
+func (st *State) readStudent(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, `SELECT id, document_number, user_id FROM students`)
+	if err != nil {
+		return fmt.Errorf("students: %w", err)
+	}
+	st.Students, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (StudentRow, error) {
+		var s StudentRow
+		return s, row.Scan(&s.ID, &s.DocumentNumber, &s.UserID)
+	})
+	if err != nil {
+		return fmt.Errorf("students: %w", err)
+	}
+	rows, err = tx.Query(ctx, `SELECT student_id, idempotency_key::text, state, attempts,
+		coalesce(last_error, ''), coalesce(claimed_by, '') FROM outbox WHERE operation = 'create-user'`)
+	if err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	st.Outbox, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxRow, error) {
+		var o OutboxRow
+		return o, row.Scan(&o.StudentID, &o.Key, &o.State, &o.Attempts, &o.LastError, &o.ClaimedBy)
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	return nil
+}
+
+func (st *State) readUsers(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, `SELECT id, document_number, enabled FROM users`)
+	if err != nil {
+		return fmt.Errorf("users: %w", err)
+	}
+	st.Users, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (UserRow, error) {
+		var u UserRow
+		return u, row.Scan(&u.ID, &u.DocumentNumber, &u.Enabled)
+	})
+	if err != nil {
+		return fmt.Errorf("users: %w", err)
+	}
+	rows, err = tx.Query(ctx, `SELECT idempotency_key, coalesce(status_code, 0), resource_id, replays FROM inbox`)
+	if err != nil {
+		return fmt.Errorf("inbox: %w", err)
+	}
+	st.Inbox, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (InboxRow, error) {
+		var ib InboxRow
+		return ib, row.Scan(&ib.Key, &ib.StatusCode, &ib.ResourceID, &ib.Replays)
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: %w", err)
+	}
+	return nil
+}
+
+func readURL(ctx context.Context, url string, f func(pgx.Tx) error) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, f)
+	return read(ctx, conn, f)
+}
+
+func read(ctx context.Context, db Beginner, f func(pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, f)
 }
