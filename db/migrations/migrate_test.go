@@ -61,6 +61,18 @@ func login(cc *pgx.ConnConfig, role, password string) error {
 	return conn.Close(ctx)
 }
 
+func canLogin(t *testing.T, admin *pgx.ConnConfig, role string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, admin)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var login bool
+	require.NoError(t, conn.QueryRow(ctx, "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1", role).Scan(&login))
+	return login
+}
+
 // TestMigrate runs the migrate step on a cluster of its own, one case
 // after another: each changes roles, which every database of the cluster
 // shares.
@@ -113,12 +125,21 @@ func migrateRotates(t *testing.T, c *pgcluster.Cluster) {
 	require.NoError(t, login(admin, migrations.StudentApp, "first-app"))
 	require.NoError(t, login(admin, migrations.OutboxSender, "first-sender"))
 	require.Equal(t, "28P01", sqlState(login(admin, migrations.StudentApp, "wrong")))
+	// The lab's reader was given no password: it exists, for the grants,
+	// but cannot log in.
+	require.False(t, canLogin(t, admin, migrations.LabReader), "lab_reader without a password")
 
 	second := map[string]string{migrations.StudentApp: "second-app ünïcode", migrations.OutboxSender: "first-sender", migrations.OutboxCDC: "first-cdc"}
 	require.NoError(t, migrations.Migrate(ctx, admin, migrations.Student, second))
 	require.NoError(t, login(admin, migrations.StudentApp, "second-app ünïcode"))
 	require.Equal(t, "28P01", sqlState(login(admin, migrations.StudentApp, "first-app")), "the old password is gone")
 	require.NoError(t, login(admin, migrations.OutboxSender, "first-sender"))
+
+	// Given a password, the reader logs in, read-only by default.
+	second[migrations.LabReader] = "lab"
+	require.NoError(t, migrations.Migrate(ctx, admin, migrations.Student, second))
+	require.NoError(t, login(admin, migrations.LabReader, "lab"))
+	require.True(t, canLogin(t, admin, migrations.LabReader))
 
 	// A second database of the same set in the cluster shares the roles
 	// and gets its own connect grants.

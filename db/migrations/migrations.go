@@ -41,7 +41,8 @@ func (s Set) FS() fs.FS {
 // admin logs in as a superuser, or as a role with CREATEROLE that owns the
 // database. First, as admin, it creates the set's roles if they are
 // missing and sets each login role's password from passwords (by role
-// name; every login role needs one); then it applies the migrations as the
+// name; every login role needs one but the optional lab_reader, which
+// without one cannot log in); then it applies the migrations as the
 // set's owner, so that the owner, not the administrator, owns every table
 // and the runtime roles get only what the migrations grant.
 //

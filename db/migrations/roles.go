@@ -34,6 +34,11 @@ const (
 	OutboxCDC  = "outbox_cdc"
 	UsersOwner = "users_owner" // owns Users' tables; NOLOGIN
 	UsersApp   = "users_app"   // Users at run time
+	// LabReader is the fault lab's login on both databases (lab/): it may
+	// read the columns the invariant checker reads and change nothing. It
+	// logs in only where the migrate step was given a password for it; a
+	// deployment without the lab has the role but no way in.
+	LabReader = "lab_reader"
 )
 
 // Owner is the role that owns the set's tables and applies its migrations.
@@ -48,10 +53,14 @@ func (s Set) Owner() string {
 // they may connect to it.
 func (s Set) Logins() []string {
 	if s == Users {
-		return []string{UsersApp}
+		return []string{UsersApp, LabReader}
 	}
-	return []string{StudentApp, OutboxSender, OutboxCDC}
+	return []string{StudentApp, OutboxSender, OutboxCDC, LabReader}
 }
+
+// Optional says whether role may be left without a password, and so
+// without a login: the lab's reader, which only a lab uses.
+func Optional(role string) bool { return role == LabReader }
 
 // replicates says whether role streams changes from a replication slot,
 // for which it needs the REPLICATION attribute.
@@ -118,6 +127,12 @@ func prepare(ctx context.Context, tx pgx.Tx, set Set, passwords map[string]strin
 		return err
 	}
 	for _, role := range set.Logins() {
+		if Optional(role) && passwords[role] == "" {
+			if err := ensureRole(ctx, tx, role, false, false, false); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := ensureRole(ctx, tx, role, true, replicates(role), canReplicate); err != nil {
 			return err
 		}
@@ -130,6 +145,13 @@ func prepare(ctx context.Context, tx pgx.Tx, set Set, passwords map[string]strin
 		if _, err := tx.Exec(ctx, "ALTER ROLE "+ident(role)+" PASSWORD "+literal(verifier)); err != nil {
 			return fmt.Errorf("set the password of %s: %w", role, err)
 		}
+	}
+	// The reader's grants (student/00007, users/00004) allow SELECT only;
+	// read-only transactions as its default say so again, so that a grant
+	// added by mistake later still changes nothing. Roles are cluster-wide,
+	// so this holds on every database the role may connect to.
+	if _, err := tx.Exec(ctx, "ALTER ROLE "+ident(LabReader)+" SET default_transaction_read_only = on"); err != nil {
+		return fmt.Errorf("make %s read-only: %w", LabReader, err)
 	}
 	// A superuser may SET ROLE to anyone; an administrator with CREATEROLE
 	// must be a member of the owner to act as it. (Creating a role made it
@@ -349,7 +371,7 @@ func hmacSHA256(key []byte, msg string) []byte {
 func missingPasswords(set Set, passwords map[string]string) []string {
 	var missing []string
 	for _, role := range set.Logins() {
-		if passwords[role] == "" {
+		if passwords[role] == "" && !Optional(role) {
 			missing = append(missing, role)
 		}
 	}

@@ -138,6 +138,44 @@ var roleCases = []roleCase{
 		}, ddl...),
 	},
 	{
+		// The fault lab reads what the invariant checker reads, and
+		// nothing else: of a student no name or email, of a row no payload.
+		role: migrations.LabReader, set: migrations.Student,
+		allowed: []string{
+			`SELECT id, document_number, user_id FROM students`,
+			`SELECT student_id, idempotency_key::text, state, attempts, coalesce(last_error, ''), coalesce(claimed_by, '')
+				FROM outbox WHERE operation = 'create-user'`,
+		},
+		denied: append([]string{
+			`SELECT name FROM students`,
+			`SELECT email FROM students`,
+			`SELECT payload FROM outbox`,
+			`SELECT * FROM outbox_events`,
+			`SELECT * FROM inbox`,
+			`UPDATE students SET user_id = NULL`,
+			`UPDATE outbox SET state = 'dead'`,
+			`DELETE FROM outbox`,
+			`INSERT INTO students (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')`,
+			`SET ROLE student_owner`,
+		}, ddl...),
+	},
+	{
+		role: migrations.LabReader, set: migrations.Users,
+		allowed: []string{
+			`SELECT id, document_number, enabled FROM users`,
+			`SELECT idempotency_key, coalesce(status_code, 0), resource_id, replays FROM inbox`,
+		},
+		denied: append([]string{
+			`SELECT name FROM users`,
+			`SELECT request FROM inbox`,
+			`SELECT response_body FROM inbox`,
+			`UPDATE users SET enabled = false`,
+			`DELETE FROM inbox`,
+			`INSERT INTO users (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')`,
+			`SET ROLE users_owner`,
+		}, ddl...),
+	},
+	{
 		role: migrations.UsersApp, set: migrations.Users,
 		allowed: []string{
 			`INSERT INTO users (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')
@@ -169,9 +207,16 @@ func TestEachRoleHasItsGrantsAndNoMore(t *testing.T) {
 	}
 	seed(t, dbs)
 	for _, c := range roleCases {
-		t.Run(c.role, func(t *testing.T) {
+		t.Run(string(c.set)+"/"+c.role, func(t *testing.T) {
 			t.Parallel()
 			conn := connect(t, pgtest.RoleURL(t, dbs[c.set], c.role))
+			if c.role == migrations.LabReader {
+				// Its sessions are read-only by default; the grants must
+				// hold without that, since a session may turn it off.
+				require.Equal(t, "25006", sqlState(inRolledBackTx(conn, `CREATE TABLE t (x int)`)), "read-only by default")
+				_, err := conn.Exec(context.Background(), "SET default_transaction_read_only = off")
+				require.NoError(t, err)
+			}
 			for _, sql := range c.allowed {
 				require.NoError(t, inRolledBackTx(conn, sql), "%s may: %s", c.role, sql)
 			}
@@ -205,6 +250,9 @@ func TestRolesCannotReachTheOtherDatabase(t *testing.T) {
 		{migrations.StudentApp, studentURL},
 		{migrations.OutboxCDC, studentURL},
 		{migrations.UsersApp, usersURL},
+		// The lab reads both.
+		{migrations.LabReader, studentURL},
+		{migrations.LabReader, usersURL},
 	} {
 		conn, err := tryConnect(pgtest.RoleURL(t, c.url, c.role))
 		require.NoError(t, err, c.role)
@@ -220,7 +268,10 @@ func TestRoleAttributes(t *testing.T) {
 	usersURL := pgtest.URL(t, migrations.Users)
 	admin := connect(t, studentURL)
 	ctx := context.Background()
-	for _, role := range []string{migrations.StudentApp, migrations.OutboxSender, migrations.OutboxCDC, migrations.UsersApp, migrations.StudentOwner, migrations.UsersOwner} {
+	for _, role := range []string{
+		migrations.StudentApp, migrations.OutboxSender, migrations.OutboxCDC, migrations.UsersApp, migrations.LabReader,
+		migrations.StudentOwner, migrations.UsersOwner,
+	} {
 		var powers []string
 		var login bool
 		err := admin.QueryRow(ctx, `SELECT array_remove(ARRAY[

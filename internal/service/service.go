@@ -151,7 +151,7 @@ func (b Binary) migrate(ctx context.Context, log *slog.Logger) error {
 	var missing []string
 	passwords := map[string]string{}
 	for _, l := range b.Logins {
-		if l.Password == "" {
+		if l.Password == "" && !migrations.Optional(l.Role) {
 			missing = append(missing, fmt.Sprintf("%s (or %s_FILE)", l.Variable, l.Variable))
 		}
 		passwords[l.Role] = l.Password

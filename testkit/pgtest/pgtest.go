@@ -60,6 +60,7 @@ var Passwords = map[string]string{
 	migrations.OutboxSender: "test-outbox-sender",
 	migrations.OutboxCDC:    "test-outbox-cdc",
 	migrations.UsersApp:     "test-users-app",
+	migrations.LabReader:    "test-lab-reader",
 }
 
 // URL creates a fresh, migrated database for the test and returns its URL,

@@ -26,7 +26,7 @@ type Config struct {
 	// may come from STUDENT_MIGRATE_DATABASE_PASSWORD), and the passwords
 	// it gives the runtime roles of Student's database.
 	MigrateDatabaseURL string          // STUDENT_MIGRATE_DATABASE_URL
-	Logins             []service.Login // STUDENT_DATABASE_PASSWORD, SENDER_DATABASE_PASSWORD, SENDER_CDC_DATABASE_PASSWORD
+	Logins             []service.Login // STUDENT_DATABASE_PASSWORD, SENDER_DATABASE_PASSWORD, SENDER_CDC_DATABASE_PASSWORD, LAB_STUDENT_DATABASE_PASSWORD
 
 	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
 	HTTPMaxConns int // STUDENT_HTTP_MAX_CONNS
@@ -84,6 +84,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// given its password even where the sender polls, so that switching
 		// sources needs no second migration.
 		{Role: migrations.OutboxCDC, Variable: "SENDER_CDC_DATABASE_PASSWORD", Password: e.Secret("SENDER_CDC_DATABASE_PASSWORD")},
+		// Optional: without it the lab's reader cannot log in.
+		{Role: migrations.LabReader, Variable: "LAB_STUDENT_DATABASE_PASSWORD", Password: e.Secret("LAB_STUDENT_DATABASE_PASSWORD")},
 	}
 	return c, e, e.Err()
 }

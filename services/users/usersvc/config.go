@@ -29,7 +29,7 @@ type Config struct {
 	// may come from USERS_MIGRATE_DATABASE_PASSWORD), and the password it
 	// gives users_app.
 	MigrateDatabaseURL string          // USERS_MIGRATE_DATABASE_URL
-	Logins             []service.Login // USERS_DATABASE_PASSWORD
+	Logins             []service.Login // USERS_DATABASE_PASSWORD, LAB_USERS_DATABASE_PASSWORD
 
 	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
 	HTTPMaxConns int // USERS_HTTP_MAX_CONNS
@@ -89,6 +89,10 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		c.KeyWait, c.DatabaseTimeout)
 	c.MigrateDatabaseURL, _ = e.DatabaseLogin("USERS_MIGRATE_DATABASE_URL",
 		"postgres://postgres@localhost:5432/users?sslmode=disable", "USERS_MIGRATE_DATABASE_PASSWORD")
-	c.Logins = []service.Login{{Role: migrations.UsersApp, Variable: "USERS_DATABASE_PASSWORD", Password: password}}
+	c.Logins = []service.Login{
+		{Role: migrations.UsersApp, Variable: "USERS_DATABASE_PASSWORD", Password: password},
+		// Optional: without it the lab's reader cannot log in.
+		{Role: migrations.LabReader, Variable: "LAB_USERS_DATABASE_PASSWORD", Password: e.Secret("LAB_USERS_DATABASE_PASSWORD")},
+	}
 	return c, e, e.Err()
 }

@@ -1,0 +1,9 @@
+-- +goose Up
+-- The fault lab's reader (see student/00007_lab_reader.sql): the columns
+-- the invariant checker reads, and nothing else. Of a user, no name or
+-- email; of an inbox row, no request or stored answer.
+GRANT SELECT (id, document_number, enabled) ON users TO lab_reader;
+GRANT SELECT (idempotency_key, status_code, resource_id, replays) ON inbox TO lab_reader;
+
+-- +goose Down
+REVOKE ALL ON users, inbox FROM lab_reader;
