@@ -68,6 +68,9 @@ type Input struct {
 	// Acked are the students Student answered 201 for. Each must exist:
 	// an acknowledged commit that disappears is the worst kind of loss.
 	Acked []uuid.UUID
+	// Live says the system is still running (LoadLive): a pending row is
+	// then normal, not a problem to describe.
+	Live bool
 	// Recent are users a live read cannot judge yet (LoadLive): one that no
 	// student accounts for is not counted as unexpected, and a dead row
 	// whose key made one was redriven since, so it counts as pending.
@@ -195,7 +198,7 @@ func Classify(st State, in Input) Report {
 			claimed[ib.ResourceID.UUID] = true
 		}
 
-		class := classifyStudent(&r, s, o, hasOutbox, ib, hasInbox, byDoc[s.DocumentNumber], users, in.Recent)
+		class := classifyStudent(&r, s, o, hasOutbox, ib, hasInbox, byDoc[s.DocumentNumber], users, in.Recent, in.Live)
 		r.ByClass[s.ID] = class
 		switch class {
 		case Linked:
@@ -243,7 +246,7 @@ func Classify(st State, in Input) Report {
 }
 
 func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib InboxRow, hasInbox bool,
-	docUsers []UserRow, users map[uuid.UUID]UserRow, recent map[uuid.UUID]bool,
+	docUsers []UserRow, users map[uuid.UUID]UserRow, recent map[uuid.UUID]bool, live bool,
 ) Class {
 	switch {
 	case len(docUsers) > 1:
@@ -294,6 +297,8 @@ func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib In
 		}
 		return Dead
 
+	case o.State == "pending" && live:
+		return Pending
 	case o.State == "pending":
 		r.problem("pending: student %s still waits for delivery (attempts %d, last error %q)", s.ID, o.Attempts, o.LastError)
 		return Pending
@@ -397,15 +402,15 @@ type Beginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
-// LoadLive reads a system that is still running, and returns the users it
-// cannot judge yet (Input.Recent). The two databases cannot be read at one
+// LoadLive reads a system that is still running, and returns it with the
+// Input that judges it as such (Input.Live, Input.Recent). The two databases cannot be read at one
 // instant, so a delivery may land between the two reads. Reading Users
 // after Student means that every link Student shows is matched against an
 // inbox at least as new. The users that appear only then may belong to a
 // student created after Student was read, so Users is read once before as
 // well: a user already there then was made for a student Student's read
 // must show.
-func LoadLive(ctx context.Context, student, users Beginner) (State, map[uuid.UUID]bool, error) {
+func LoadLive(ctx context.Context, student, users Beginner) (State, Input, error) {
 	var before []uuid.UUID
 	err := read(ctx, users, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT id FROM users`)
@@ -416,14 +421,14 @@ func LoadLive(ctx context.Context, student, users Beginner) (State, map[uuid.UUI
 		return err
 	})
 	if err != nil {
-		return State{}, nil, fmt.Errorf("read Users' database: %w", err)
+		return State{}, Input{}, fmt.Errorf("read Users' database: %w", err)
 	}
 	var st State
 	if err := read(ctx, student, func(tx pgx.Tx) error { return st.readStudent(ctx, tx) }); err != nil {
-		return State{}, nil, fmt.Errorf("read Student's database: %w", err)
+		return State{}, Input{}, fmt.Errorf("read Student's database: %w", err)
 	}
 	if err := read(ctx, users, func(tx pgx.Tx) error { return st.readUsers(ctx, tx) }); err != nil {
-		return State{}, nil, fmt.Errorf("read Users' database: %w", err)
+		return State{}, Input{}, fmt.Errorf("read Users' database: %w", err)
 	}
 	known := make(map[uuid.UUID]bool, len(before))
 	for _, id := range before {
@@ -435,7 +440,7 @@ func LoadLive(ctx context.Context, student, users Beginner) (State, map[uuid.UUI
 			recent[u.ID] = true
 		}
 	}
-	return st, recent, nil
+	return st, Input{Live: true, Recent: recent}, nil
 }
 
 func (st *State) readStudent(ctx context.Context, tx pgx.Tx) error {

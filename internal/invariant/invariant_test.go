@@ -309,10 +309,10 @@ func TestLoad(t *testing.T) {
 
 	// A live read of the same rows through pools: users that were there
 	// before Student was read are all judged.
-	live, recent, err := LoadLive(ctx, studentDB, usersDB)
+	live, in, err := LoadLive(ctx, studentDB, usersDB)
 	require.NoError(t, err)
 	require.Equal(t, st, live)
-	require.Empty(t, recent)
+	require.Equal(t, Input{Live: true, Recent: map[uuid.UUID]bool{}}, in)
 }
 
 // TestClassifyLiveRecentUsers: a live read may see a user made for a
@@ -336,6 +336,16 @@ func TestClassifyLiveRecentUsers(t *testing.T) {
 	require.Zero(t, r.Unexpected)
 	require.Equal(t, Pending, r.ByClass[deadID])
 	require.Zero(t, r.Lost)
+
+	// Pending rows are a problem to describe only once the system is
+	// quiet.
+	pendingID, _ := w.student("pending", 1)
+	r = Classify(w.st, Input{Live: true, Recent: map[uuid.UUID]bool{stray: true, redriven: true}})
+	require.Equal(t, Pending, r.ByClass[pendingID])
+	require.Empty(t, r.Problems)
+	r = Classify(w.st, Input{Recent: map[uuid.UUID]bool{stray: true, redriven: true}})
+	require.Len(t, r.Problems, 1)
+	require.Contains(t, r.Problems[0], "pending: student "+pendingID.String())
 
 	checks := r.Checks()
 	require.Len(t, checks, 4)

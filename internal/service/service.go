@@ -141,7 +141,7 @@ func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error 
 			log.Warn("tracing: spans lost at shutdown", slog.String("error", err.Error()))
 		}
 	}()
-	return runParts(ctx, b.Start(log, pool))
+	return RunParts(ctx, b.Start(log, pool))
 }
 
 // migrate logs in as the administrator and applies the migrations. It
@@ -180,11 +180,11 @@ func firstOf(args []string) string {
 	return args[0]
 }
 
-// runParts runs every part until ctx ends or one of them returns, then
+// RunParts runs every part until ctx ends or one of them returns, then
 // stops the others and waits for them. A part that returns before ctx ends,
 // even without an error, is a failure: the process would otherwise go on
 // without it.
-func runParts(ctx context.Context, parts []Part) error {
+func RunParts(ctx context.Context, parts []Part) error {
 	partsCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (

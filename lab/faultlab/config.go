@@ -1,0 +1,51 @@
+package faultlab
+
+import (
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/envconfig"
+)
+
+// Config is the lab's configuration; the README's table lists each
+// variable. The defaults are the ports of a system run on one machine as in
+// the README's "Running without Docker".
+type Config struct {
+	HTTPAddr  string // LAB_HTTP_ADDR: the page, its API, /healthz and /readyz
+	ProxyAddr string // LAB_PROXY_ADDR: the fault proxy, the sender's SENDER_USERS_URL
+	UsersURL  string // LAB_USERS_URL: Users, where the proxy forwards to
+
+	StudentURL      string // LAB_STUDENT_URL: Student's API, to create students
+	StudentAdminURL string // LAB_STUDENT_ADMIN_URL: Student's /readyz
+	UsersAdminURL   string // LAB_USERS_ADMIN_URL: Users' /readyz
+	SenderAdminURL  string // LAB_SENDER_ADMIN_URL: the sender's /readyz and dead-letter API
+
+	// Both logins are the read-only lab_reader.
+	StudentDatabaseURL string // LAB_STUDENT_DATABASE_URL (+ LAB_STUDENT_DATABASE_PASSWORD)
+	UsersDatabaseURL   string // LAB_USERS_DATABASE_URL (+ LAB_USERS_DATABASE_PASSWORD)
+
+	LogLevel string // LOG_LEVEL
+}
+
+// LoadConfig reads Config through getenv. The Reader it returns lists the
+// variables read, for the test that checks docker-compose.yml.
+func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
+	e := envconfig.New(getenv)
+	studentDB, _ := e.DatabaseLogin("LAB_STUDENT_DATABASE_URL",
+		"postgres://"+migrations.LabReader+"@localhost:5432/student?sslmode=disable", "LAB_STUDENT_DATABASE_PASSWORD")
+	usersDB, _ := e.DatabaseLogin("LAB_USERS_DATABASE_URL",
+		"postgres://"+migrations.LabReader+"@localhost:5432/users?sslmode=disable", "LAB_USERS_DATABASE_PASSWORD")
+	c := Config{
+		HTTPAddr:  e.String("LAB_HTTP_ADDR", ":8084"),
+		ProxyAddr: e.String("LAB_PROXY_ADDR", ":8083"),
+		UsersURL:  e.URL("LAB_USERS_URL", "http://localhost:8081", "http", "https"),
+
+		StudentURL:      e.URL("LAB_STUDENT_URL", "http://localhost:8080", "http", "https"),
+		StudentAdminURL: e.URL("LAB_STUDENT_ADMIN_URL", "http://localhost:8090", "http", "https"),
+		UsersAdminURL:   e.URL("LAB_USERS_ADMIN_URL", "http://localhost:8091", "http", "https"),
+		SenderAdminURL:  e.URL("LAB_SENDER_ADMIN_URL", "http://localhost:8082", "http", "https"),
+
+		StudentDatabaseURL: studentDB,
+		UsersDatabaseURL:   usersDB,
+		LogLevel:           e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
+	}
+	return c, e, e.Err()
+}

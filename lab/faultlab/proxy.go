@@ -1,0 +1,406 @@
+package faultlab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/outboxref/outboxref/internal/httpapi"
+)
+
+// The path from the sender to Users, through the lab:
+//
+//	sender ──► Toxiproxy (LAB_PROXY_ADDR) ──► answer faults (127.0.0.1) ──► Users
+//
+// Toxiproxy breaks the connection itself: it adds latency to every answer,
+// or it cuts, closing the connections and refusing new ones. Faults that
+// need to understand HTTP live in a small reverse proxy behind it: answering
+// 503 or 400 in Users' place, and dropping Users' answer after Users has
+// done the work. That proxy also records each delivery for the timeline.
+
+// timelineSize is how many deliveries the page shows.
+const timelineSize = 50
+
+// Limits of the controls: enough to show each effect, not enough to wedge
+// the system for an afternoon.
+const (
+	maxLatency     = 10 * time.Second
+	maxUnavailable = 10 * time.Minute
+)
+
+// Faults is what is broken right now, as the page shows it.
+type Faults struct {
+	DropAnswers            bool `json:"drop_answers"`
+	LatencyMS              int  `json:"latency_ms"`
+	Cut                    bool `json:"cut"`
+	UnavailableSecondsLeft int  `json:"unavailable_seconds_left"`
+	Reject                 bool `json:"reject"`
+}
+
+// Any says whether any fault is on.
+func (f Faults) Any() bool {
+	return f.DropAnswers || f.LatencyMS > 0 || f.Cut || f.UnavailableSecondsLeft > 0 || f.Reject
+}
+
+// describe says in a few words what is broken, for the lab's box in the
+// diagram and the log.
+func (f Faults) describe() string {
+	var on []string
+	if f.Cut {
+		on = append(on, "connection cut")
+	}
+	if f.DropAnswers {
+		on = append(on, "dropping answers")
+	}
+	if f.LatencyMS > 0 {
+		on = append(on, fmt.Sprintf("+%d ms latency", f.LatencyMS))
+	}
+	if f.UnavailableSecondsLeft > 0 {
+		on = append(on, fmt.Sprintf("503 for %d s more", f.UnavailableSecondsLeft))
+	}
+	if f.Reject {
+		on = append(on, "refusing as invalid")
+	}
+	if len(on) == 0 {
+		return "passing everything through"
+	}
+	return strings.Join(on, ", ")
+}
+
+// Delivery is one request that reached the answer faults, as the timeline
+// shows it.
+type Delivery struct {
+	Time     time.Time `json:"time"`
+	Key      string    `json:"key"`
+	Attempt  int       `json:"attempt"`  // from the sender's X-Request-Id (key/attempt); 0 if absent
+	Status   int       `json:"status"`   // Users' answer (dropped or not), or the lab's in Users' place
+	Replayed bool      `json:"replayed"` // Users answered from its inbox
+	Fault    string    `json:"fault"`    // "", "dropped", "unavailable" or "rejected"
+}
+
+// Counters count the requests the answer faults saw.
+type Counters struct {
+	Requests    int64 `json:"requests"`
+	Dropped     int64 `json:"dropped"`
+	Unavailable int64 `json:"unavailable"`
+	Rejected    int64 `json:"rejected"`
+}
+
+// Fault names in the timeline.
+const (
+	faultDropped     = "dropped"
+	faultUnavailable = "unavailable"
+	faultRejected    = "rejected"
+)
+
+// Proxy is the fault proxy: Toxiproxy in front, the answer faults behind.
+type Proxy struct {
+	log   *slog.Logger
+	toxi  *toxiproxy.Proxy
+	inner *http.Server
+	pass  *httputil.ReverseProxy
+
+	mu               sync.Mutex
+	dropAnswers      bool
+	latency          time.Duration
+	cut              bool
+	unavailableUntil time.Time
+	reject           bool
+	counters         Counters
+	timeline         []Delivery // a ring, newest at next-1
+	next             int
+	now              func() time.Time
+}
+
+// errDropped makes the reverse proxy throw Users' answer away.
+var errDropped = errors.New("answer dropped by the fault lab")
+
+// latencyToxic is the name of the one latency toxic.
+const latencyToxic = "latency"
+
+// NewProxy readies the proxy to users; Run starts it.
+func NewProxy(log *slog.Logger, listen string, users *url.URL) (*Proxy, error) {
+	p := &Proxy{log: log, now: time.Now, timeline: make([]Delivery, 0, timelineSize)}
+	p.pass = &httputil.ReverseProxy{
+		Rewrite:        func(pr *httputil.ProxyRequest) { pr.SetURL(users) },
+		ModifyResponse: p.answered,
+		ErrorHandler:   p.failed,
+	}
+	p.inner = httpapi.NewServer(http.HandlerFunc(p.serve))
+
+	// The answer faults listen on loopback only: the sender reaches them
+	// through Toxiproxy, never directly.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("fault proxy: %w", err)
+	}
+	// Toxiproxy logs with zerolog; its lines would not match ours, and what
+	// it would report (a connection it could not make to the answer
+	// faults, on loopback) the answer faults report themselves.
+	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	p.toxi = toxiproxy.NewProxy(server, "users", listen, ln.Addr().String())
+	go func() { _ = p.inner.Serve(ln) }()
+	return p, nil
+}
+
+// Run starts Toxiproxy's listener and serves until ctx ends.
+func (p *Proxy) Run(ctx context.Context) error {
+	if err := p.toxi.Start(); err != nil {
+		_ = p.inner.Close()
+		return fmt.Errorf("listen: %w", err)
+	}
+	p.log.Info("fault proxy listening", slog.String("addr", p.toxi.Listen))
+	<-ctx.Done()
+	p.toxi.Stop()
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return p.inner.Shutdown(shutdownCtx)
+}
+
+// Addr is where the proxy listens (useful when LAB_PROXY_ADDR's port is 0).
+func (p *Proxy) Addr() string { return p.toxi.Listen }
+
+// Faults returns what is broken now.
+func (p *Proxy) Faults() Faults {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.faultsLocked()
+}
+
+func (p *Proxy) faultsLocked() Faults {
+	left := 0
+	if d := p.unavailableUntil.Sub(p.now()); d > 0 {
+		left = int(math.Ceil(d.Seconds()))
+	}
+	return Faults{
+		DropAnswers: p.dropAnswers, LatencyMS: int(p.latency / time.Millisecond), Cut: p.cut,
+		UnavailableSecondsLeft: left, Reject: p.reject,
+	}
+}
+
+// Counters and Timeline are what the answer faults saw, the newest
+// delivery first.
+func (p *Proxy) Counters() Counters {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.counters
+}
+
+// Timeline returns the last deliveries, newest first.
+func (p *Proxy) Timeline() []Delivery {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.timeline)
+	out := make([]Delivery, 0, n)
+	for i := range n {
+		out = append(out, p.timeline[((p.next-1-i)%n+n)%n])
+	}
+	return out
+}
+
+func (p *Proxy) record(d Delivery) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.timeline) < timelineSize {
+		p.timeline = append(p.timeline, d)
+	} else {
+		p.timeline[p.next] = d
+	}
+	p.next = (p.next + 1) % timelineSize
+}
+
+// SetDropAnswers turns the dropping of Users' answers on or off.
+func (p *Proxy) SetDropAnswers(on bool) Faults {
+	p.mu.Lock()
+	p.dropAnswers = on
+	p.mu.Unlock()
+	return p.changed()
+}
+
+// SetReject turns refusing every request as invalid, in Users' place, on or
+// off.
+func (p *Proxy) SetReject(on bool) Faults {
+	p.mu.Lock()
+	p.reject = on
+	p.mu.Unlock()
+	return p.changed()
+}
+
+// SetUnavailable answers 503 in Users' place for d (0 ends it now).
+func (p *Proxy) SetUnavailable(d time.Duration) Faults {
+	p.mu.Lock()
+	p.unavailableUntil = p.now().Add(d)
+	p.mu.Unlock()
+	return p.changed()
+}
+
+// SetLatency delays every answer by d, with a tenth of it as jitter (0
+// turns it off).
+func (p *Proxy) SetLatency(d time.Duration) (Faults, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.latency > 0 {
+		if err := p.toxi.Toxics.RemoveToxic(context.Background(), latencyToxic); err != nil {
+			return p.faultsLocked(), fmt.Errorf("remove latency: %w", err)
+		}
+		p.latency = 0
+	}
+	if d > 0 {
+		body, err := json.Marshal(map[string]any{
+			"name": latencyToxic, "type": "latency", "stream": "downstream", "toxicity": 1.0,
+			"attributes": map[string]any{"latency": d.Milliseconds(), "jitter": d.Milliseconds() / 10},
+		})
+		if err != nil {
+			return p.faultsLocked(), err
+		}
+		if _, err := p.toxi.Toxics.AddToxicJson(bytes.NewReader(body)); err != nil {
+			return p.faultsLocked(), fmt.Errorf("add latency: %w", err)
+		}
+		p.latency = d
+	}
+	f := p.faultsLocked()
+	p.log.Info("faults changed", slog.String("faults", f.describe()))
+	return f, nil
+}
+
+// SetCut closes every connection and refuses new ones, or listens again.
+func (p *Proxy) SetCut(on bool) (Faults, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if on && !p.cut {
+		p.toxi.Stop()
+	}
+	if !on && p.cut {
+		// Toxiproxy keeps the port it had, so the sender finds it again.
+		if err := p.toxi.Start(); err != nil {
+			return p.faultsLocked(), fmt.Errorf("listen again: %w", err)
+		}
+	}
+	p.cut = on
+	f := p.faultsLocked()
+	p.log.Info("faults changed", slog.String("faults", f.describe()))
+	return f, nil
+}
+
+// Heal turns every fault off.
+func (p *Proxy) Heal() (Faults, error) {
+	p.mu.Lock()
+	p.dropAnswers, p.reject, p.unavailableUntil = false, false, time.Time{}
+	p.mu.Unlock()
+	if _, err := p.SetLatency(0); err != nil {
+		return p.Faults(), err
+	}
+	return p.SetCut(false)
+}
+
+func (p *Proxy) changed() Faults {
+	f := p.Faults()
+	p.log.Info("faults changed", slog.String("faults", f.describe()))
+	return f
+}
+
+// serve is the answer faults: each request is answered in Users' place,
+// or forwarded to Users.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
+	d := Delivery{Time: p.now(), Key: r.Header.Get("Idempotency-Key"), Attempt: attemptOf(r.Header.Get("X-Request-Id"))}
+	p.mu.Lock()
+	p.counters.Requests++
+	f := p.faultsLocked()
+	switch {
+	case f.UnavailableSecondsLeft > 0:
+		p.counters.Unavailable++
+	case f.Reject:
+		p.counters.Rejected++
+	}
+	p.mu.Unlock()
+
+	switch {
+	case f.UnavailableSecondsLeft > 0:
+		d.Status, d.Fault = http.StatusServiceUnavailable, faultUnavailable
+		p.record(d)
+		httpapi.Render(w, r, httpapi.Unavailable("answered by the fault lab in Users' place: Users was not asked", nil))
+	case f.Reject:
+		d.Status, d.Fault = http.StatusBadRequest, faultRejected
+		p.record(d)
+		httpapi.Render(w, r, httpapi.NewProblem(httpapi.TypeValidation, "refused by the fault lab in Users' place: Users was not asked"))
+	default:
+		// The reverse proxy's hooks fill in the answer and record it.
+		p.pass.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), deliveryKey{}, &d)))
+	}
+}
+
+type deliveryKey struct{}
+
+// answered sees Users' answer before the sender does, and throws it away
+// while answers are dropped: Users has committed, the sender never hears.
+func (p *Proxy) answered(resp *http.Response) error {
+	d, _ := resp.Request.Context().Value(deliveryKey{}).(*Delivery)
+	if d == nil {
+		return nil
+	}
+	d.Status = resp.StatusCode
+	d.Replayed = resp.Header.Get(httpapi.ReplayedHeader) == "true"
+	p.mu.Lock()
+	drop := p.dropAnswers
+	if drop {
+		p.counters.Dropped++
+	}
+	p.mu.Unlock()
+	if drop {
+		d.Fault = faultDropped
+		return errDropped
+	}
+	p.record(*d)
+	return nil
+}
+
+// failed handles an answer thrown away, and Users not answering at all.
+func (p *Proxy) failed(w http.ResponseWriter, r *http.Request, err error) {
+	d, _ := r.Context().Value(deliveryKey{}).(*Delivery)
+	if errors.Is(err, errDropped) {
+		// The status stays Users' own, the one the sender never got.
+		p.record(*d)
+		// No answer at all: the connection closes under the sender, as when
+		// a network drops it after Users has done the work.
+		if conn, _, herr := http.NewResponseController(w).Hijack(); herr == nil {
+			_ = conn.Close()
+			return
+		}
+		panic(http.ErrAbortHandler) // closes the connection without an answer
+	}
+	// Users did not answer: the sender gets 502, as from any gateway.
+	d.Status = http.StatusBadGateway
+	p.record(*d)
+	p.log.Warn("Users did not answer the fault proxy", slog.String("error", err.Error()))
+	w.Header().Set("Content-Type", httpapi.ProblemContentType)
+	w.WriteHeader(http.StatusBadGateway)
+	_, _ = w.Write([]byte(`{"type":"about:blank","title":"Bad Gateway","status":502,"detail":"Users did not answer the fault lab"}`))
+}
+
+// attemptOf reads the attempt from the sender's X-Request-Id, "key/attempt".
+func attemptOf(requestID string) int {
+	_, n, ok := strings.Cut(requestID, "/")
+	if !ok {
+		return 0
+	}
+	a, err := strconv.Atoi(n)
+	if err != nil || a < 0 {
+		return 0
+	}
+	return a
+}
