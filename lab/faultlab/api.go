@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -164,11 +165,11 @@ func (a *API) createOne(ctx context.Context, batch string, i int) error {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return errors.New("Student did not answer")
+		return errors.New("no answer from Student")
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("Student answered %d: %s", resp.StatusCode, problemDetail(resp.Body))
+		return fmt.Errorf("answer %d from Student: %s", resp.StatusCode, problemDetail(resp.Body))
 	}
 	return nil
 }
@@ -176,12 +177,15 @@ func (a *API) createOne(ctx context.Context, batch string, i int) error {
 func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
-	return fmt.Sprintf("%x", b)
+	return hex.EncodeToString(b)
 }
 
 // problemDetail is the detail of a problem+json body, or its title.
 func problemDetail(body io.Reader) string {
-	var p struct{ Title, Detail string }
+	var p struct {
+		Title  string `json:"title"`
+		Detail string `json:"detail"`
+	}
 	if err := json.NewDecoder(io.LimitReader(body, maxUpstreamBody)).Decode(&p); err != nil {
 		return "(no problem details)"
 	}
@@ -331,6 +335,7 @@ func (a *API) redriveHandler(w http.ResponseWriter, r *http.Request) error {
 // sender calls the sender's admin API.
 func (a *API) sender(ctx context.Context, method, path string, body []byte) (*http.Response, error) {
 	ctx, cancel := context.WithTimeout(ctx, upstreamTimeout)
+	//nolint:gosec // G704: the sender's address is configuration (LAB_SENDER_ADMIN_URL); path is built here
 	req, err := http.NewRequestWithContext(ctx, method, a.cfg.SenderAdminURL+path, bytes.NewReader(body))
 	if err != nil {
 		cancel()
@@ -339,7 +344,7 @@ func (a *API) sender(ctx context.Context, method, path string, body []byte) (*ht
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := a.client.Do(req)
+	resp, err := a.client.Do(req) //nolint:gosec // G704: as above
 	if err != nil {
 		cancel()
 		return nil, httpapi.Unavailable("the sender's admin API did not answer; is the sender running?", err)

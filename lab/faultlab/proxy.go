@@ -85,7 +85,7 @@ func (f Faults) describe() string {
 // Delivery is one request that reached the answer faults, as the timeline
 // shows it.
 type Delivery struct {
-	Time     time.Time `json:"time"`
+	Time     time.Time `json:"time"` // when the answer went, or was dropped
 	Key      string    `json:"key"`
 	Attempt  int       `json:"attempt"`  // from the sender's X-Request-Id (key/attempt); 0 if absent
 	Status   int       `json:"status"`   // Users' answer (dropped or not), or the lab's in Users' place
@@ -134,7 +134,7 @@ var errDropped = errors.New("answer dropped by the fault lab")
 const latencyToxic = "latency"
 
 // NewProxy readies the proxy to users; Run starts it.
-func NewProxy(log *slog.Logger, listen string, users *url.URL) (*Proxy, error) {
+func NewProxy(ctx context.Context, log *slog.Logger, listen string, users *url.URL) (*Proxy, error) {
 	p := &Proxy{log: log, now: time.Now, timeline: make([]Delivery, 0, timelineSize)}
 	p.pass = &httputil.ReverseProxy{
 		Rewrite:        func(pr *httputil.ProxyRequest) { pr.SetURL(users) },
@@ -145,7 +145,7 @@ func NewProxy(log *slog.Logger, listen string, users *url.URL) (*Proxy, error) {
 
 	// The answer faults listen on loopback only: the sender reaches them
 	// through Toxiproxy, never directly.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("fault proxy: %w", err)
 	}
@@ -213,9 +213,12 @@ func (p *Proxy) Timeline() []Delivery {
 	return out
 }
 
+// record adds d to the timeline, at the time its answer went (or was
+// dropped), so that the timeline is in the order the sender saw answers.
 func (p *Proxy) record(d Delivery) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	d.Time = p.now()
 	if len(p.timeline) < timelineSize {
 		p.timeline = append(p.timeline, d)
 	} else {
@@ -253,61 +256,67 @@ func (p *Proxy) SetUnavailable(d time.Duration) Faults {
 // turns it off).
 func (p *Proxy) SetLatency(d time.Duration) (Faults, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	err := p.setLatency(d)
+	p.mu.Unlock()
+	return p.changed(), err
+}
+
+func (p *Proxy) setLatency(d time.Duration) error {
 	if p.latency > 0 {
 		if err := p.toxi.Toxics.RemoveToxic(context.Background(), latencyToxic); err != nil {
-			return p.faultsLocked(), fmt.Errorf("remove latency: %w", err)
+			return fmt.Errorf("remove latency: %w", err)
 		}
 		p.latency = 0
 	}
-	if d > 0 {
-		body, err := json.Marshal(map[string]any{
-			"name": latencyToxic, "type": "latency", "stream": "downstream", "toxicity": 1.0,
-			"attributes": map[string]any{"latency": d.Milliseconds(), "jitter": d.Milliseconds() / 10},
-		})
-		if err != nil {
-			return p.faultsLocked(), err
-		}
-		if _, err := p.toxi.Toxics.AddToxicJson(bytes.NewReader(body)); err != nil {
-			return p.faultsLocked(), fmt.Errorf("add latency: %w", err)
-		}
-		p.latency = d
+	if d <= 0 {
+		return nil
 	}
-	f := p.faultsLocked()
-	p.log.Info("faults changed", slog.String("faults", f.describe()))
-	return f, nil
+	body, err := json.Marshal(map[string]any{
+		"name": latencyToxic, "type": "latency", "stream": "downstream", "toxicity": 1.0,
+		"attributes": map[string]any{"latency": d.Milliseconds(), "jitter": d.Milliseconds() / 10},
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := p.toxi.Toxics.AddToxicJson(bytes.NewReader(body)); err != nil {
+		return fmt.Errorf("add latency: %w", err)
+	}
+	p.latency = d
+	return nil
 }
 
 // SetCut closes every connection and refuses new ones, or listens again.
 func (p *Proxy) SetCut(on bool) (Faults, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	err := p.setCut(on)
+	p.mu.Unlock()
+	return p.changed(), err
+}
+
+func (p *Proxy) setCut(on bool) error {
 	if on && !p.cut {
 		p.toxi.Stop()
 	}
 	if !on && p.cut {
 		// Toxiproxy keeps the port it had, so the sender finds it again.
 		if err := p.toxi.Start(); err != nil {
-			return p.faultsLocked(), fmt.Errorf("listen again: %w", err)
+			return fmt.Errorf("listen again: %w", err)
 		}
 	}
 	p.cut = on
-	f := p.faultsLocked()
-	p.log.Info("faults changed", slog.String("faults", f.describe()))
-	return f, nil
+	return nil
 }
 
 // Heal turns every fault off.
 func (p *Proxy) Heal() (Faults, error) {
 	p.mu.Lock()
 	p.dropAnswers, p.reject, p.unavailableUntil = false, false, time.Time{}
+	err := errors.Join(p.setLatency(0), p.setCut(false))
 	p.mu.Unlock()
-	if _, err := p.SetLatency(0); err != nil {
-		return p.Faults(), err
-	}
-	return p.SetCut(false)
+	return p.changed(), err
 }
 
+// changed logs what is broken after a change, and returns it.
 func (p *Proxy) changed() Faults {
 	f := p.Faults()
 	p.log.Info("faults changed", slog.String("faults", f.describe()))
@@ -317,7 +326,7 @@ func (p *Proxy) changed() Faults {
 // serve is the answer faults: each request is answered in Users' place,
 // or forwarded to Users.
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
-	d := Delivery{Time: p.now(), Key: r.Header.Get("Idempotency-Key"), Attempt: attemptOf(r.Header.Get("X-Request-Id"))}
+	d := Delivery{Key: r.Header.Get("Idempotency-Key"), Attempt: attemptOf(r.Header.Get("X-Request-Id"))}
 	p.mu.Lock()
 	p.counters.Requests++
 	f := p.faultsLocked()

@@ -53,7 +53,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	proxy, err := NewProxy(log, cfg.ProxyAddr, usersURL)
+	proxy, err := NewProxy(ctx, log, cfg.ProxyAddr, usersURL)
 	if err != nil {
 		return err
 	}
