@@ -141,6 +141,12 @@ func migrateRotates(t *testing.T, c *pgcluster.Cluster) {
 	require.NoError(t, login(admin, migrations.LabReader, "lab"))
 	require.True(t, canLogin(t, admin, migrations.LabReader))
 
+	// The other set's migrate on the same server, given no password for the
+	// reader, leaves the reader's login alone: the role is shared.
+	usersAdmin := createDatabase(t, c, "users_beside")
+	require.NoError(t, migrations.Migrate(ctx, usersAdmin, migrations.Users, map[string]string{migrations.UsersApp: "users-app"}))
+	require.NoError(t, login(admin, migrations.LabReader, "lab"), "a users migrate without the lab's password disabled the reader")
+
 	// A second database of the same set in the cluster shares the roles
 	// and gets its own connect grants.
 	other := createDatabase(t, c, "student_two")

@@ -36,8 +36,9 @@ const (
 	UsersApp   = "users_app"   // Users at run time
 	// LabReader is the fault lab's login on both databases (lab/): it may
 	// read the columns the invariant checker reads and change nothing. It
-	// logs in only where the migrate step was given a password for it; a
-	// deployment without the lab has the role but no way in.
+	// logs in once a migrate step was given a password for it (either
+	// set's: the role is the server's, so both must be given the same one);
+	// a deployment without the lab has the role but no way in.
 	LabReader = "lab_reader"
 )
 
@@ -128,7 +129,14 @@ func prepare(ctx context.Context, tx pgx.Tx, set Set, passwords map[string]strin
 	}
 	for _, role := range set.Logins() {
 		if Optional(role) && passwords[role] == "" {
-			if err := ensureRole(ctx, tx, role, false, false, false); err != nil {
+			// Created without a login where it is new. Where it exists, its
+			// login stays as it is: roles are cluster-wide, and the migrate
+			// of the other database on this server may have given it one.
+			var login bool
+			if err := tx.QueryRow(ctx, "SELECT coalesce((SELECT rolcanlogin FROM pg_roles WHERE rolname = $1), false)", role).Scan(&login); err != nil {
+				return fmt.Errorf("role %s: %w", role, err)
+			}
+			if err := ensureRole(ctx, tx, role, login, false, false); err != nil {
 				return err
 			}
 			continue

@@ -163,7 +163,7 @@ var roleCases = []roleCase{
 		role: migrations.LabReader, set: migrations.Users,
 		allowed: []string{
 			`SELECT id, document_number, enabled FROM users`,
-			`SELECT idempotency_key, coalesce(status_code, 0), resource_id, replays FROM inbox`,
+			`SELECT caller, idempotency_key, coalesce(status_code, 0), resource_id, replays FROM inbox`,
 		},
 		denied: append([]string{
 			`SELECT name FROM users`,
