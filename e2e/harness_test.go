@@ -107,9 +107,10 @@ const requestTimeout = time.Second
 // where it calls Users directly (a seeded user, bursts of one key). Being
 // two callers, their keys are two scopes, as in production.
 const (
-	senderToken = "e2e-sender-token-0123456789"
-	suiteToken  = "e2e-suite-token-0123456789"
-	usersTokens = "outbox-sender:" + senderToken + ",e2e-suite:" + suiteToken
+	senderCaller = "outbox-sender"
+	senderToken  = "e2e-sender-token-0123456789"
+	suiteToken   = "e2e-suite-token-0123456789"
+	usersTokens  = senderCaller + ":" + senderToken + ",e2e-suite:" + suiteToken
 )
 
 // asSuite is the Authorization header of the suite's own calls to Users.
@@ -576,7 +577,7 @@ func (s *scenario) settle() scenarioOutcome {
 	defer cancel()
 	st, err := invariant.Load(ctx, s.studentURL, s.usersURL)
 	require.NoError(t, err, "the checker could not read the databases")
-	rep := invariant.Classify(st, invariant.Input{ForeignKeys: s.foreignKeys, Acked: s.acked()})
+	rep := invariant.Classify(st, invariant.Input{ForeignKeys: s.foreignKeys, Acked: s.acked(), Caller: senderCaller})
 
 	v := invariant.Violations(rep, s.expect)
 	if rep.Replays < s.minReplays {

@@ -82,7 +82,7 @@ func TestLabInBrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 150*time.Second)
 	t.Cleanup(cancel)
 
-	sys := startLabSystem(t, ctx)
+	sys := startLabSystem(newLabScenario(t, ctx))
 	page := openLabPage(t, ctx, sys)
 
 	// 1. The page loads and refreshes itself from /api/state.
@@ -139,7 +139,7 @@ func TestLabInBrowser(t *testing.T) {
 	defer loadCancel()
 	st, err := invariant.Load(loadCtx, sys.studentURL, sys.usersURL)
 	require.NoError(t, err, "the checker could not read the databases")
-	rep := invariant.Classify(st, invariant.Input{})
+	rep := invariant.Classify(st, invariant.Input{Caller: senderCaller})
 	t.Logf("the checker, from the databases:\n%s", rep.Table())
 	violations := invariant.Violations(rep, invariant.Expect{})
 	require.Equal(t, labStudents, rep.Students, "students in Student's database")
@@ -176,13 +176,10 @@ func TestLabInBrowser(t *testing.T) {
 	t.Logf("TestLabInBrowser passed in %s", time.Since(start).Round(100*time.Millisecond))
 }
 
-// startLabSystem creates and migrates the two databases and starts Users,
-// Student, the lab and one sender that reaches Users through the lab's
-// proxy. It reuses the scenario harness's pieces, without a scenario's
-// Toxiproxy and senders.
-func startLabSystem(t *testing.T, ctx context.Context) *labSystem {
+// newLabScenario is the scenario harness's frame for the lab: its own log
+// directory, the good build, and ctx as the scenario's context.
+func newLabScenario(t *testing.T, ctx context.Context) *scenario {
 	t.Helper()
-	start := time.Now()
 	bins := suite.good
 	require.NotEmpty(t, bins.lab, "the suite did not build the lab")
 	s := &scenario{t: t, def: scenarioDef{id: "lab-in-browser", title: "the fault lab's page in a browser"}, bins: bins, ctx: ctx}
@@ -199,6 +196,18 @@ func startLabSystem(t *testing.T, ctx context.Context) *labSystem {
 			_ = os.RemoveAll(s.dir)
 		}
 	})
+	return s
+}
+
+// startLabSystem creates and migrates the two databases and starts Users,
+// Student, the lab and one sender that reaches Users through the lab's
+// proxy. It reuses the scenario harness's pieces, without a scenario's
+// Toxiproxy and senders; everything is bounded by s.ctx.
+func startLabSystem(s *scenario) *labSystem {
+	t := s.t
+	t.Helper()
+	start := time.Now()
+	bins := s.bins
 
 	// lab_reader gets its login from migrate, as in compose.
 	labSecret := roleSecret(t, migrations.LabReader)
@@ -618,7 +627,7 @@ func findProcesses(pattern string) []string {
 		if _, err := strconv.Atoi(e.Name()); err != nil || e.Name() == strconv.Itoa(os.Getpid()) {
 			continue
 		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
 		if err == nil && bytes.Contains(cmdline, []byte(pattern)) {
 			found = append(found, e.Name()+" "+string(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '})))
 		}

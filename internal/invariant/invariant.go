@@ -43,8 +43,10 @@ type UserRow struct {
 	Enabled        bool
 }
 
-// InboxRow is a row of Users' inbox.
+// InboxRow is a row of Users' inbox. Keys are scoped by caller: the same
+// key from two callers is two rows.
 type InboxRow struct {
+	Caller     string // the authenticated caller that sent the key
 	Key        string
 	StatusCode int // 0 when no outcome is stored
 	ResourceID uuid.NullUUID
@@ -65,11 +67,17 @@ type Input struct {
 	// seeded user, the bursts of scenario 10). Users created under them
 	// belong to no student and are counted as foreign, not unexpected.
 	ForeignKeys []string
+	// Caller is the sender's name among Users' callers (USERS_API_TOKENS).
+	// When set, only its inbox rows answer for students' keys, and users
+	// made under another caller's keys (an operator with curl) are counted
+	// as foreign. Empty: every inbox row is the sender's.
+	Caller string
 	// Acked are the students Student answered 201 for. Each must exist:
 	// an acknowledged commit that disappears is the worst kind of loss.
 	Acked []uuid.UUID
 	// Live says the system is still running (LoadLive): a pending row is
-	// then normal, not a problem to describe.
+	// then normal, not a problem to describe, and a linked student whose
+	// outbox or inbox row retention has purged is judged by its user alone.
 	Live bool
 	// Recent are users a live read cannot judge yet (LoadLive): one that no
 	// student accounts for is not counted as unexpected, and a dead row
@@ -168,9 +176,16 @@ func Classify(st State, in Input) Report {
 		}
 	}
 	inbox := make(map[string]InboxRow, len(st.Inbox))
+	foreign := map[uuid.UUID]bool{}
 	for _, ib := range st.Inbox {
-		inbox[ib.Key] = ib
 		r.Replays += ib.Replays
+		if in.Caller != "" && ib.Caller != in.Caller {
+			if ib.ResourceID.Valid {
+				foreign[ib.ResourceID.UUID] = true
+			}
+			continue
+		}
+		inbox[ib.Key] = ib
 	}
 	users := make(map[uuid.UUID]UserRow, len(st.Users))
 	byDoc := map[string][]UserRow{}
@@ -217,10 +232,11 @@ func Classify(st State, in Input) Report {
 		}
 	}
 
-	foreign := map[uuid.UUID]bool{}
 	for _, k := range in.ForeignKeys {
-		if ib, ok := inbox[k]; ok && ib.ResourceID.Valid {
-			foreign[ib.ResourceID.UUID] = true
+		for _, ib := range st.Inbox {
+			if ib.Key == k && ib.ResourceID.Valid {
+				foreign[ib.ResourceID.UUID] = true
+			}
 		}
 	}
 	for _, u := range st.Users {
@@ -256,6 +272,16 @@ func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib In
 		}
 		r.problem("duplicated: student %s (document %s) has %d users: %s", s.ID, s.DocumentNumber, len(docUsers), strings.Join(ids, ", "))
 		return Duplicated
+
+	case s.UserID.Valid && live && (!hasOutbox || !hasInbox):
+		// Retention purges delivered outbox rows and old inbox rows, so a
+		// running system's old links cannot be checked against the key;
+		// the user must still be there, with the student's document.
+		if u, ok := users[s.UserID.UUID]; ok && u.DocumentNumber == s.DocumentNumber {
+			return Linked
+		}
+		r.problem("mislinked: student %s is linked to %s, which is not in Users with document %s", s.ID, s.UserID.UUID, s.DocumentNumber)
+		return Mislinked
 
 	case s.UserID.Valid:
 		switch {
@@ -482,13 +508,13 @@ func (st *State) readUsers(ctx context.Context, tx pgx.Tx) error {
 	if err != nil {
 		return fmt.Errorf("users: %w", err)
 	}
-	rows, err = tx.Query(ctx, `SELECT idempotency_key, coalesce(status_code, 0), resource_id, replays FROM inbox`)
+	rows, err = tx.Query(ctx, `SELECT caller, idempotency_key, coalesce(status_code, 0), resource_id, replays FROM inbox`)
 	if err != nil {
 		return fmt.Errorf("inbox: %w", err)
 	}
 	st.Inbox, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (InboxRow, error) {
 		var ib InboxRow
-		return ib, row.Scan(&ib.Key, &ib.StatusCode, &ib.ResourceID, &ib.Replays)
+		return ib, row.Scan(&ib.Caller, &ib.Key, &ib.StatusCode, &ib.ResourceID, &ib.Replays)
 	})
 	if err != nil {
 		return fmt.Errorf("inbox: %w", err)

@@ -353,3 +353,54 @@ func TestClassifyLiveRecentUsers(t *testing.T) {
 		require.NotEmpty(t, c.Explanation, c.Name)
 	}
 }
+
+// TestClassifyCallers: keys are scoped by caller. With Input.Caller set,
+// an operator's key equal to a student's does not answer for the student,
+// and the operator's users are foreign, not unexpected.
+func TestClassifyCallers(t *testing.T) {
+	t.Parallel()
+	var w world
+	id, key := w.student("delivered", 1)
+	mine := w.user(docOf(w.n))
+	w.inbox(key, mine, 0)
+	w.link(id, mine)
+	w.st.Inbox[0].Caller = "outbox-sender"
+	// An operator reused the student's key for a user of its own.
+	theirs := w.user("DOC-OPERATOR")
+	w.st.Inbox = append(w.st.Inbox, InboxRow{Caller: "operator", Key: key, StatusCode: 201, ResourceID: uuid.NullUUID{UUID: theirs, Valid: true}})
+
+	r := Classify(w.st, Input{Caller: "outbox-sender"})
+	require.Equal(t, Linked, r.ByClass[id])
+	require.Equal(t, 1, r.Foreign)
+	require.Zero(t, r.Unexpected)
+	require.Empty(t, r.Problems)
+
+	// Read as another caller's, the student's link matches nothing.
+	r = Classify(w.st, Input{Caller: "operator"})
+	require.Equal(t, Mislinked, r.ByClass[id])
+}
+
+// TestClassifyLivePurged: retention purges delivered outbox rows and old
+// inbox rows while the system runs. A live read judges such a linked
+// student by its user alone; a quiet read, which follows a test too short
+// for retention, still calls it mislinked.
+func TestClassifyLivePurged(t *testing.T) {
+	t.Parallel()
+	var w world
+	noOutbox := w.linkedStudent(1, 0)
+	w.st.Outbox = w.st.Outbox[:0]
+	noInbox := w.linkedStudent(1, 0)
+	w.st.Inbox = w.st.Inbox[:0]
+	wrongUser, _ := w.student("delivered", 1)
+	w.st.Outbox = w.st.Outbox[:1]
+	w.link(wrongUser, w.user("DOC-SOMEONE-ELSE"))
+
+	r := Classify(w.st, Input{Live: true})
+	require.Equal(t, Linked, r.ByClass[noOutbox])
+	require.Equal(t, Linked, r.ByClass[noInbox])
+	require.Equal(t, Mislinked, r.ByClass[wrongUser], "a link to a user with another document is wrong, purged or not")
+	require.Len(t, r.Problems, 1)
+
+	r = Classify(w.st, Input{})
+	require.Equal(t, 3, r.Mislinked)
+}
