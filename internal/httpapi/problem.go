@@ -24,6 +24,7 @@ const ProblemContentType = "application/problem+json"
 const (
 	TypeValidation           = "/problems/validation"
 	TypeUnauthorized         = "/problems/unauthorized"
+	TypeForbidden            = "/problems/forbidden"
 	TypeNotFound             = "/problems/not-found"
 	TypeMethodNotAllowed     = "/problems/method-not-allowed"
 	TypeUnsupportedMediaType = "/problems/unsupported-media-type"

@@ -39,6 +39,12 @@ var problemTypes = []ProblemType{
 		Action: "Send the request with credentials the service accepts, in the scheme WWW-Authenticate names.",
 	},
 	{
+		URI: TypeForbidden, Title: "Forbidden", Status: http.StatusForbidden,
+		About: "The request came in a way the service does not take: the fault lab answers only to the host names " +
+			"it was told (loopback and LAB_ALLOWED_HOSTS), and changes nothing for another site's page. Nothing was read or written.",
+		Action: "Open the page through an allowed name, such as http://localhost:8084, or add the name to LAB_ALLOWED_HOSTS.",
+	},
+	{
 		URI: TypeNotFound, Title: "Not found", Status: http.StatusNotFound,
 		About:  "No route matches the request's path, or the resource the path names does not exist.",
 		Action: "Check the path and the id in it; an id the service handed out stays valid.",

@@ -12,9 +12,12 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,7 +33,8 @@ var page []byte
 const (
 	maxCreate       = 1000
 	createWorkers   = 8
-	createTimeout   = 10 * time.Second
+	createTimeout   = 10 * time.Second // one student
+	createDeadline  = time.Minute      // one click's students, all of them
 	deadLetterPage  = 50
 	upstreamTimeout = 5 * time.Second
 	maxUpstreamBody = 1 << 20
@@ -58,6 +62,7 @@ type API struct {
 //	GET  /api/dead-letters                the newest dead rows, from the sender's admin API
 //	POST /api/dead-letters/{id}/redrive   redrive one with its same key
 func (a *API) Routes(r chi.Router) {
+	r = r.With(a.sameSite)
 	r.Get("/", a.pageHandler)
 	r.Get("/api/state", httpapi.Handle(func(w http.ResponseWriter, r *http.Request) error {
 		return httpapi.WriteJSON(w, http.StatusOK, a.observer.State(r.Context()))
@@ -67,6 +72,33 @@ func (a *API) Routes(r chi.Router) {
 	r.Post("/api/heal", httpapi.Handle(a.healHandler))
 	r.Get("/api/dead-letters", httpapi.Handle(a.deadLettersHandler))
 	r.Post("/api/dead-letters/{id}/redrive", httpapi.Handle(a.redriveHandler))
+}
+
+// sameSite refuses a request for a host name the lab was not told of, and
+// a change sent by another site's page. The controls have no login (the
+// page is for one person's machine, published on loopback only), so a
+// page elsewhere must not reach them: not by a name of its own pointed at
+// 127.0.0.1 (DNS rebinding: the browser would then call it same-origin),
+// and not by a cross-site request the browser sends without asking.
+func (a *API) sameSite(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		host = strings.ToLower(strings.Trim(host, "[]"))
+		ip := net.ParseIP(host)
+		if host != "localhost" && (ip == nil || !ip.IsLoopback()) && !slices.Contains(a.cfg.AllowedHosts, host) {
+			httpapi.Render(w, r, httpapi.NewProblem(httpapi.TypeForbidden,
+				"the lab does not answer to the host name "+strconv.Quote(host)+"; add it to LAB_ALLOWED_HOSTS"))
+			return
+		}
+		if r.Method != http.MethodGet && r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+			httpapi.Render(w, r, httpapi.NewProblem(httpapi.TypeForbidden, "the lab takes changes from its own page only"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // The page loads nothing from elsewhere and may not be framed; its script
@@ -116,6 +148,8 @@ func (a *API) createHandler(w http.ResponseWriter, r *http.Request) error {
 // create posts n students to Student, a few at a time.
 func (a *API) create(ctx context.Context, n int) Created {
 	out := Created{Requested: n, Errors: []string{}}
+	ctx, cancel := context.WithTimeout(ctx, createDeadline)
+	defer cancel()
 	batch := randomHex(4) // the documents of one click share a prefix
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -165,12 +199,17 @@ func (a *API) createOne(ctx context.Context, batch string, i int) error {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.client.Do(req)
 	if err != nil {
+		// The cause names Student's address: the log gets it, the page
+		// the gist.
+		a.log.Debug("no answer from Student", slog.String("error", err.Error()))
 		return errors.New("no answer from Student")
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
 		return fmt.Errorf("answer %d from Student: %s", resp.StatusCode, problemDetail(resp.Body))
 	}
+	// Read to the end, so that the connection is reused for the next one.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxUpstreamBody))
 	return nil
 }
 
@@ -245,7 +284,7 @@ func (a *API) faultHandler(w http.ResponseWriter, r *http.Request) error {
 		return httpapi.NotFound("fault " + strconv.Quote(fault) + "; the faults are drop-answers, latency, cut, unavailable and reject")
 	}
 	if err != nil {
-		return err
+		return proxyFailed(err)
 	}
 	return httpapi.WriteJSON(w, http.StatusOK, f)
 }
@@ -257,9 +296,16 @@ func (a *API) healHandler(w http.ResponseWriter, r *http.Request) error {
 	}
 	f, err := a.proxy.Heal()
 	if err != nil {
-		return err
+		return proxyFailed(err)
 	}
 	return httpapi.WriteJSON(w, http.StatusOK, f)
+}
+
+// proxyFailed is Toxiproxy failing to change: in practice, the proxy's
+// port taken by another process while it was cut. The page shows the faults
+// as they now are; the log has the cause.
+func proxyFailed(err error) error {
+	return httpapi.Unavailable("the fault proxy could not make the change (the lab's log says why); the page shows the faults as they are", err)
 }
 
 // DeadLetter is a dead row as the page lists it.

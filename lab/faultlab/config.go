@@ -1,6 +1,9 @@
 package faultlab
 
 import (
+	"net"
+	"strings"
+
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/envconfig"
 )
@@ -17,6 +20,13 @@ type Config struct {
 	StudentAdminURL string // LAB_STUDENT_ADMIN_URL: Student's /readyz
 	UsersAdminURL   string // LAB_USERS_ADMIN_URL: Users' /readyz
 	SenderAdminURL  string // LAB_SENDER_ADMIN_URL: the sender's /readyz and dead-letter API
+	SenderCaller    string // LAB_SENDER_CALLER: the sender's caller name in Users' USERS_API_TOKENS
+
+	// AllowedHosts are the host names the page answers to, beside the
+	// loopback ones (LAB_ALLOWED_HOSTS, comma-separated): a Host header
+	// check, so that another site cannot reach the controls by pointing a
+	// name of its own at 127.0.0.1 (DNS rebinding).
+	AllowedHosts []string
 
 	// Both logins are the read-only lab_reader.
 	StudentDatabaseURL string // LAB_STUDENT_DATABASE_URL (+ LAB_STUDENT_DATABASE_PASSWORD)
@@ -42,10 +52,29 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		StudentAdminURL: e.URL("LAB_STUDENT_ADMIN_URL", "http://localhost:8090", "http", "https"),
 		UsersAdminURL:   e.URL("LAB_USERS_ADMIN_URL", "http://localhost:8091", "http", "https"),
 		SenderAdminURL:  e.URL("LAB_SENDER_ADMIN_URL", "http://localhost:8082", "http", "https"),
+		SenderCaller:    e.String("LAB_SENDER_CALLER", "outbox-sender"),
+		AllowedHosts:    hostList(e, "LAB_ALLOWED_HOSTS"),
 
 		StudentDatabaseURL: studentDB,
 		UsersDatabaseURL:   usersDB,
 		LogLevel:           e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 	}
 	return c, e, e.Err()
+}
+
+// hostList reads a comma-separated list of host names, without ports.
+func hostList(e *envconfig.Reader, name string) []string {
+	v := e.String(name, "")
+	var hosts []string
+	for h := range strings.SplitSeq(v, ",") {
+		h = strings.ToLower(strings.TrimSpace(h))
+		switch {
+		case h == "":
+		case strings.ContainsAny(h, "/:@ ") && net.ParseIP(h) == nil:
+			e.Check(false, "%s=%q: %q is not a host name; list names without scheme or port, such as lab.example.internal", name, v, h)
+		default:
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
 }

@@ -54,8 +54,9 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 // fakeUsers answers like Users: 201 with a userId, and from the second
 // request with a key on, the same answer marked replayed.
 type fakeUsers struct {
-	srv  *httptest.Server
-	seen atomic.Int64
+	srv   *httptest.Server
+	seen  atomic.Int64
+	delay atomic.Int64 // nanoseconds to wait before answering
 }
 
 func newFakeUsers(t *testing.T) *fakeUsers {
@@ -65,6 +66,11 @@ func newFakeUsers(t *testing.T) *fakeUsers {
 	var mu sync.Mutex
 	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.seen.Add(1)
+		select {
+		case <-time.After(time.Duration(u.delay.Load())):
+		case <-r.Context().Done():
+			return
+		}
 		mu.Lock()
 		replay := keys[r.Header.Get("Idempotency-Key")]
 		keys[r.Header.Get("Idempotency-Key")] = true
@@ -108,7 +114,13 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 // returns the status of the answer.
 func deliver(t *testing.T, proxy, key string, attempt int) (int, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	return deliverWithin(t, proxy, key, attempt, 5*time.Second)
+}
+
+// deliverWithin is deliver with the sender's request timeout.
+func deliverWithin(t *testing.T, proxy, key string, attempt int, timeout time.Duration) (int, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, proxy+"/users", strings.NewReader(`{}`))
 	require.NoError(t, err)
@@ -302,6 +314,7 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 		Students: StudentCounts{Total: 3, Pending: 2, Failed: 1},
 		Outbox:   OutboxCounts{Pending: 2, Dead: 1}, Attempts: 1,
 	}, st.Counts)
+	require.True(t, st.Known)
 	require.Len(t, st.Checker, 4)
 	for _, c := range st.Checker {
 		require.Zero(t, c.Count, c.Name)
@@ -329,4 +342,118 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 	// The sender's own refusal is passed on as it came.
 	res = post(t, page+"/api/dead-letters/999999/redrive", `{}`)
 	require.Equal(t, http.StatusNotFound, res.Status, "%s", res.Body)
+}
+
+// TestRejectSparesKeysUsersActedOn: Users answers a key it has acted on
+// from its inbox and would never refuse it, so neither does the lab. A row
+// whose answer was dropped, then met the reject fault, still links.
+func TestRejectSparesKeysUsersActedOn(t *testing.T) {
+	t.Parallel()
+	users := newFakeUsers(t)
+	page, proxy := startLab(t, "LAB_USERS_URL", users.srv.URL)
+
+	require.Equal(t, http.StatusOK, post(t, page+"/api/faults/drop-answers", `{"on":true}`).Status)
+	_, err := deliver(t, proxy, "acted", 1)
+	require.Error(t, err, "the answer was dropped")
+	require.Equal(t, http.StatusOK, post(t, page+"/api/faults/reject", `{"on":true}`).Status)
+	require.Equal(t, http.StatusOK, post(t, page+"/api/faults/drop-answers", `{"on":false}`).Status)
+
+	status, err := deliver(t, proxy, "acted", 2)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status, "Users acted on the key: its stored answer passes")
+	status, err = deliver(t, proxy, "fresh", 1)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, status, "a key Users never saw is refused")
+	require.Equal(t, Counters{Requests: 3, Dropped: 1, Rejected: 1}, state(t, page).Proxy)
+}
+
+// TestAbandonedRequest: a sender that gives up before Users answers is
+// recorded as abandoned, with no answer, and is not Users' failure.
+func TestAbandonedRequest(t *testing.T) {
+	t.Parallel()
+	users := newFakeUsers(t)
+	users.delay.Store(int64(2 * time.Second))
+	page, proxy := startLab(t, "LAB_USERS_URL", users.srv.URL)
+
+	_, err := deliverWithin(t, proxy, "slow", 1, 200*time.Millisecond)
+	require.Error(t, err)
+	var st State
+	require.Eventually(t, func() bool { st = state(t, page); return len(st.Deliveries) == 1 }, 3*time.Second, 50*time.Millisecond)
+	require.Equal(t, "slow", st.Deliveries[0].Key)
+	require.Equal(t, 0, st.Deliveries[0].Status)
+	require.Equal(t, "abandoned", st.Deliveries[0].Fault)
+
+	// Latency marks what it delayed.
+	users.delay.Store(0)
+	require.Equal(t, http.StatusOK, post(t, page+"/api/faults/latency", `{"ms":100}`).Status)
+	status, err := deliver(t, proxy, "late", 1)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status)
+	st = state(t, page)
+	require.Equal(t, "late", st.Deliveries[0].Key)
+	require.True(t, st.Deliveries[0].Delayed)
+	require.False(t, st.Deliveries[1].Delayed)
+}
+
+// TestOnlyLoopbackAndAllowedHosts: the controls have no login, so the lab
+// answers only to loopback names and LAB_ALLOWED_HOSTS, and takes no change
+// from another site's page.
+func TestOnlyLoopbackAndAllowedHosts(t *testing.T) {
+	t.Parallel()
+	users := newFakeUsers(t)
+	page, _ := startLab(t, "LAB_USERS_URL", users.srv.URL, "LAB_ALLOWED_HOSTS", "lab.example.internal, Other.Example")
+	send := func(method, path, host string, headers ...string) int {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var body *strings.Reader
+		if method == http.MethodPost {
+			body = strings.NewReader(`{"on":true}`)
+		} else {
+			body = strings.NewReader("")
+		}
+		req, err := http.NewRequestWithContext(ctx, method, page+path, body)
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(headers); i += 2 {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	for host, want := range map[string]int{
+		"": http.StatusOK, "localhost:8084": http.StatusOK, "[::1]:8084": http.StatusOK, "127.0.0.2": http.StatusOK,
+		"lab.example.internal:8084": http.StatusOK, "other.example": http.StatusOK,
+		"attacker.example:8084": http.StatusForbidden, "localhost.attacker.example": http.StatusForbidden, "10.0.0.5:8084": http.StatusForbidden,
+	} {
+		require.Equal(t, want, send(http.MethodGet, "/api/state", host), "Host %q", host)
+	}
+	require.Equal(t, http.StatusForbidden, send(http.MethodPost, "/api/faults/cut", "attacker.example"))
+	require.Equal(t, http.StatusForbidden, send(http.MethodPost, "/api/faults/cut", "", "Sec-Fetch-Site", "cross-site"))
+	require.Equal(t, Faults{}, state(t, page).Faults, "nothing was turned on")
+	require.Equal(t, http.StatusOK, send(http.MethodPost, "/api/faults/cut", "", "Sec-Fetch-Site", "same-origin"))
+	require.True(t, state(t, page).Faults.Cut)
+	// Health checks answer to any name: a container's checker is not a browser.
+	require.Equal(t, http.StatusOK, send(http.MethodGet, "/healthz", "lab:8084"))
+
+	_, _, err := LoadConfig(apitest.Env("LAB_ALLOWED_HOSTS", "http://lab.example:8084"))
+	require.ErrorContains(t, err, "LAB_ALLOWED_HOSTS")
+}
+
+// TestNeverReadShowsUnknown: until the lab has read the databases once,
+// its figures are unknown, not zeros that would look like a pass.
+func TestNeverReadShowsUnknown(t *testing.T) {
+	t.Parallel()
+	users := newFakeUsers(t)
+	nowhere := "postgres://lab_reader@" + apitest.FreeAddr(t) + "/x?sslmode=disable&connect_timeout=1"
+	page, _ := startLab(t, "LAB_USERS_URL", users.srv.URL, "LAB_STUDENT_DATABASE_URL", nowhere, "LAB_USERS_DATABASE_URL", nowhere)
+	st := state(t, page)
+	require.False(t, st.Known)
+	require.Equal(t, []string{"cannot read the databases (the lab's log says why); the figures are never read"}, st.Errors[:1])
+	require.False(t, st.Hops[1].OK, "the outbox hop")
 }

@@ -36,6 +36,10 @@ import (
 // timelineSize is how many deliveries the page shows.
 const timelineSize = 50
 
+// rememberedKeys bounds the keys the proxy remembers Users acting on (see
+// Proxy.acted): about a megabyte, far more than the lab's backlogs.
+const rememberedKeys = 20000
+
 // Limits of the controls: enough to show each effect, not enough to wedge
 // the system for an afternoon.
 const (
@@ -90,10 +94,12 @@ type Delivery struct {
 	Attempt  int       `json:"attempt"`  // from the sender's X-Request-Id (key/attempt); 0 if absent
 	Status   int       `json:"status"`   // Users' answer (dropped or not), or the lab's in Users' place
 	Replayed bool      `json:"replayed"` // Users answered from its inbox
-	Fault    string    `json:"fault"`    // "", "dropped", "unavailable" or "rejected"
+	Delayed  bool      `json:"delayed"`  // latency was on when the request came
+	Fault    string    `json:"fault"`    // "", "dropped", "unavailable", "rejected" or "abandoned"
 }
 
-// Counters count the requests the answer faults saw.
+// Counters count the requests that reached the answer faults, and what
+// the faults did to them.
 type Counters struct {
 	Requests    int64 `json:"requests"`
 	Dropped     int64 `json:"dropped"`
@@ -106,6 +112,7 @@ const (
 	faultDropped     = "dropped"
 	faultUnavailable = "unavailable"
 	faultRejected    = "rejected"
+	faultAbandoned   = "abandoned" // the sender hung up, or the cut closed the connection
 )
 
 // Proxy is the fault proxy: Toxiproxy in front, the answer faults behind.
@@ -121,9 +128,13 @@ type Proxy struct {
 	cut              bool
 	unavailableUntil time.Time
 	reject           bool
+	stopped          bool
 	counters         Counters
 	timeline         []Delivery // a ring, newest at next-1
 	next             int
+	acted            map[string]bool // keys Users answered 2xx for
+	actedOrder       []string        // acted's keys, a ring, oldest at actedNext
+	actedNext        int
 	now              func() time.Time
 }
 
@@ -135,7 +146,7 @@ const latencyToxic = "latency"
 
 // NewProxy readies the proxy to users; Run starts it.
 func NewProxy(ctx context.Context, log *slog.Logger, listen string, users *url.URL) (*Proxy, error) {
-	p := &Proxy{log: log, now: time.Now, timeline: make([]Delivery, 0, timelineSize)}
+	p := &Proxy{log: log, now: time.Now, timeline: make([]Delivery, 0, timelineSize), acted: map[string]bool{}}
 	p.pass = &httputil.ReverseProxy{
 		Rewrite:        func(pr *httputil.ProxyRequest) { pr.SetURL(users) },
 		ModifyResponse: p.answered,
@@ -158,22 +169,27 @@ func NewProxy(ctx context.Context, log *slog.Logger, listen string, users *url.U
 	return p, nil
 }
 
-// Run starts Toxiproxy's listener and serves until ctx ends.
+// Run starts Toxiproxy's listener and serves until ctx ends. Starting and
+// stopping hold the lock that cut and heal hold, so a cut clicked while
+// the lab starts or stops finds Toxiproxy in a known state.
 func (p *Proxy) Run(ctx context.Context) error {
-	if err := p.toxi.Start(); err != nil {
+	p.mu.Lock()
+	err := p.toxi.Start()
+	p.mu.Unlock()
+	if err != nil {
 		_ = p.inner.Close()
 		return fmt.Errorf("listen: %w", err)
 	}
 	p.log.Info("fault proxy listening", slog.String("addr", p.toxi.Listen))
 	<-ctx.Done()
+	p.mu.Lock()
 	p.toxi.Stop()
+	p.stopped = true // a heal during shutdown must not listen again
+	p.mu.Unlock()
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	return p.inner.Shutdown(shutdownCtx)
 }
-
-// Addr is where the proxy listens (useful when LAB_PROXY_ADDR's port is 0).
-func (p *Proxy) Addr() string { return p.toxi.Listen }
 
 // Faults returns what is broken now.
 func (p *Proxy) Faults() Faults {
@@ -297,7 +313,7 @@ func (p *Proxy) setCut(on bool) error {
 	if on && !p.cut {
 		p.toxi.Stop()
 	}
-	if !on && p.cut {
+	if !on && p.cut && !p.stopped {
 		// Toxiproxy keeps the port it had, so the sender finds it again.
 		if err := p.toxi.Start(); err != nil {
 			return fmt.Errorf("listen again: %w", err)
@@ -316,7 +332,8 @@ func (p *Proxy) Heal() (Faults, error) {
 	return p.changed(), err
 }
 
-// changed logs what is broken after a change, and returns it.
+// changed logs what is broken after a change, and returns it. A change
+// that failed is logged once, where the API renders its error.
 func (p *Proxy) changed() Faults {
 	f := p.Faults()
 	p.log.Info("faults changed", slog.String("faults", f.describe()))
@@ -330,10 +347,15 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.counters.Requests++
 	f := p.faultsLocked()
+	d.Delayed = f.LatencyMS > 0
+	// A key Users has acted on is answered from its inbox, never refused:
+	// a refusal in Users' place would dead-letter a row whose user exists,
+	// which real Users cannot do. Such a request passes.
+	reject := f.Reject && !p.acted[d.Key]
 	switch {
 	case f.UnavailableSecondsLeft > 0:
 		p.counters.Unavailable++
-	case f.Reject:
+	case reject:
 		p.counters.Rejected++
 	}
 	p.mu.Unlock()
@@ -343,7 +365,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		d.Status, d.Fault = http.StatusServiceUnavailable, faultUnavailable
 		p.record(d)
 		httpapi.Render(w, r, httpapi.Unavailable("answered by the fault lab in Users' place: Users was not asked", nil))
-	case f.Reject:
+	case reject:
 		d.Status, d.Fault = http.StatusBadRequest, faultRejected
 		p.record(d)
 		httpapi.Render(w, r, httpapi.NewProblem(httpapi.TypeValidation, "refused by the fault lab in Users' place: Users was not asked"))
@@ -365,6 +387,9 @@ func (p *Proxy) answered(resp *http.Response) error {
 	d.Status = resp.StatusCode
 	d.Replayed = resp.Header.Get(httpapi.ReplayedHeader) == "true"
 	p.mu.Lock()
+	if resp.StatusCode/100 == 2 {
+		p.rememberLocked(d.Key)
+	}
 	drop := p.dropAnswers
 	if drop {
 		p.counters.Dropped++
@@ -378,9 +403,38 @@ func (p *Proxy) answered(resp *http.Response) error {
 	return nil
 }
 
-// failed handles an answer thrown away, and Users not answering at all.
+// rememberLocked adds key to the keys Users acted on, forgetting the
+// oldest beyond rememberedKeys.
+func (p *Proxy) rememberLocked(key string) {
+	if key == "" || p.acted[key] {
+		return
+	}
+	if len(p.actedOrder) < rememberedKeys {
+		p.actedOrder = append(p.actedOrder, key)
+	} else {
+		delete(p.acted, p.actedOrder[p.actedNext])
+		p.actedOrder[p.actedNext] = key
+		p.actedNext = (p.actedNext + 1) % rememberedKeys
+	}
+	p.acted[key] = true
+}
+
+// failed handles an answer thrown away, a request its sender gave up on,
+// and Users not answering at all.
 func (p *Proxy) failed(w http.ResponseWriter, r *http.Request, err error) {
 	d, _ := r.Context().Value(deliveryKey{}).(*Delivery)
+	if d == nil {
+		d = &Delivery{}
+	}
+	if r.Context().Err() != nil && !errors.Is(err, errDropped) {
+		// The sender hung up (its timeout) or the cut closed the
+		// connection: nobody is waiting for an answer, and Users may or may
+		// not have acted. Not Users' failure, so not a warning.
+		d.Fault = faultAbandoned
+		p.record(*d)
+		p.log.Debug("request abandoned before Users answered", slog.String("key", d.Key), slog.String("error", err.Error()))
+		return
+	}
 	if errors.Is(err, errDropped) {
 		// The status stays Users' own, the one the sender never got.
 		p.record(*d)

@@ -61,7 +61,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		"student": joinURL(cfg.StudentAdminURL, "/readyz"),
 		"sender":  joinURL(cfg.SenderAdminURL, "/readyz"),
 		"users":   joinURL(cfg.UsersAdminURL, "/readyz"),
-	})
+	}, cfg.SenderCaller)
 	cfg.StudentURL = strings.TrimRight(cfg.StudentURL, "/")
 	cfg.SenderAdminURL = strings.TrimRight(cfg.SenderAdminURL, "/")
 	api := &API{log: log, proxy: proxy, observer: observer, cfg: cfg, client: &http.Client{}}

@@ -28,6 +28,7 @@ const (
 // State is GET /api/state: everything the page shows.
 type State struct {
 	Time       time.Time         `json:"time"`
+	Known      bool              `json:"known"` // false until the databases have been read once: no figure is a verdict yet
 	Hops       []Hop             `json:"hops"`
 	Counts     Counts            `json:"counts"`
 	Checker    []invariant.Check `json:"checker"`
@@ -83,15 +84,20 @@ type Observer struct {
 	proxy          *Proxy
 	client         *http.Client
 	ready          map[string]string // hop name → its /readyz URL
+	caller         string            // the sender's caller name at Users
 
 	mu   sync.Mutex
 	last State
 }
 
 // NewObserver returns an Observer; ready maps "student", "sender" and
-// "users" to their /readyz URLs.
-func NewObserver(log *slog.Logger, student, users *pgxpool.Pool, proxy *Proxy, ready map[string]string) *Observer {
-	return &Observer{log: log, student: student, users: users, proxy: proxy, ready: ready, client: &http.Client{Timeout: checkTimeout}}
+// "users" to their /readyz URLs, and caller is the sender's caller name at
+// Users (see invariant.Input.Caller).
+func NewObserver(log *slog.Logger, student, users *pgxpool.Pool, proxy *Proxy, ready map[string]string, caller string) *Observer {
+	return &Observer{
+		log: log, student: student, users: users, proxy: proxy, ready: ready, caller: caller,
+		client: &http.Client{Timeout: checkTimeout},
+	}
 }
 
 // State returns the current state. The databases and the services are
@@ -103,7 +109,10 @@ func (o *Observer) State(ctx context.Context) State {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if time.Since(o.last.Time) >= stateMaxAge {
-		o.last = o.read(ctx)
+		// The reading is shared by every request queued behind this one, so
+		// this request's going away must not cut it short; readTimeout and
+		// checkTimeout bound it.
+		o.last = o.read(context.WithoutCancel(ctx))
 	}
 	st := o.last
 	st.Faults, st.Proxy, st.Deliveries = o.proxy.Faults(), o.proxy.Counters(), o.proxy.Timeline()
@@ -115,18 +124,19 @@ func (o *Observer) State(ctx context.Context) State {
 
 // read reads the databases and asks the services whether they are ready.
 func (o *Observer) read(ctx context.Context) State {
-	st := State{Time: time.Now().UTC(), Problems: []string{}, Errors: []string{}}
+	st := State{Problems: []string{}, Errors: []string{}}
 	ready := o.checkReady(ctx)
 
 	readCtx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
 	rows, in, err := invariant.LoadLive(readCtx, o.student, o.users)
+	in.Caller = o.caller
 	if err != nil {
 		// The cause may name hosts; the page gets the gist, the log the
 		// rest. The figures stay those of the last reading, and say so:
 		// zeros would claim a verdict nobody reached.
 		o.log.Warn("cannot read the databases", slog.String("error", err.Error()))
-		st.Counts, st.Checker, st.Problems = o.last.Counts, o.last.Checker, o.last.Problems
+		st.Counts, st.Checker, st.Problems, st.Known = o.last.Counts, o.last.Checker, o.last.Problems, o.last.Known
 		since := "never read"
 		if !o.last.read.IsZero() {
 			since = "as read at " + o.last.read.Format("15:04:05")
@@ -135,7 +145,7 @@ func (o *Observer) read(ctx context.Context) State {
 		st.Errors = append(st.Errors, "cannot read the databases (the lab's log says why); the figures are "+since)
 	} else {
 		rep := invariant.Classify(rows, in)
-		st.read = st.Time
+		st.read, st.Known = time.Now().UTC(), true
 		st.Counts = count(rows, rep)
 		st.Checker = rep.Checks()
 		st.Problems = rep.Problems[:min(len(rep.Problems), maxProblems)]
@@ -154,6 +164,9 @@ func (o *Observer) read(ctx context.Context) State {
 			st.Errors = append(st.Errors, h.Label+" is not answering")
 		}
 	}
+	// Stamped when the reading is done: its age counts from the moment its
+	// figures are as new as they will be.
+	st.Time = time.Now().UTC()
 	return st
 }
 
