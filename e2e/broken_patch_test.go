@@ -62,7 +62,7 @@ func TestBrokenPatchesApply(t *testing.T) {
 			// good code in a broken build.
 			patched := module + "/" + path.Dir(p.File)
 			var want []string
-			for _, bin := range shippedBinaries {
+			for _, bin := range systemBinaries {
 				if slices.Contains(goList(t, "-deps", bin), patched) {
 					want = append(want, bin)
 				}

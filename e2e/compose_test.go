@@ -35,6 +35,8 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/envconfig"
+	"github.com/outboxref/outboxref/internal/service"
+	"github.com/outboxref/outboxref/lab/faultlab"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/services/users/usersvc"
@@ -62,22 +64,47 @@ var requiredServices = map[string][]string{
 	"student":         {"student"},
 	"users":           {"users"},
 	"outbox-sender":   {"outbox-sender"},
+	"lab":             {"lab"},
 }
 
-// binary is what the checks need to know about one of the three binaries.
+// binary is what the checks need to know about one of the four binaries.
 type binary struct {
 	pkg     string // the package the Dockerfile must build
 	addrVar string // the variable holding its listen address
-	// adminVar holds the address of its admin listener (/metrics,
-	// /healthz, /readyz); for the sender it is its only listener.
+	// adminVar holds the address of its listener without authentication,
+	// which may be published on the loopback interface only: the admin
+	// listener (/healthz, /readyz, and /metrics where metrics says so);
+	// for the sender it is its only listener, and for the lab it is the
+	// page, whose controls break the system.
 	adminVar string
-	dbVar    string // the variable holding its database URL
+	// metrics says adminVar's listener serves /metrics, which Prometheus
+	// must scrape. The lab serves none: its page shows what it knows.
+	metrics bool
+	// traces says the binary exports spans over OTLP, configured by the
+	// OTEL_ variables. The lab exports none: it is on the sender's path
+	// as a teaching setup, not as a part of the system to trace.
+	traces bool
+	// internalVars hold the addresses of its listeners that only other
+	// services call, over the compose network, and that are never
+	// published: the lab's fault proxy, which the sender calls.
+	internalVars []string
+	// proxy is a listener that forwards to the service its upstream URL
+	// names: the lab's fault proxy, to Users. A call to that service may
+	// name the proxy instead (see call).
+	proxy proxy
+	// calls are the other services the binary calls, each by a URL.
+	calls []call
+	dbVar string // the variable holding its database URL
+	// dbOf is the binary whose database dbVar must reach ("" for the
+	// binary's own): the sender and the lab work on Student's.
+	dbOf string
 	// role is the database role the binary runs as, whose password comes
 	// from passwordVar (or its _FILE form).
 	role, passwordVar string
-	// more are the binary's other connections, each as its own role: the
-	// sender's replication connection. Each must reach the same database
-	// as dbVar, and its password comes from a secret as role's does.
+	// more are the binary's other connections: the sender's replication
+	// connection, the lab's to Users' database. Each must reach the
+	// database its dbOf names, and its password comes from a secret as
+	// role's does.
 	more []connection
 	// migrateVar holds "migrate"'s administrator URL ("" for a binary
 	// without migrations), and logins are the runtime roles that
@@ -87,6 +114,18 @@ type binary struct {
 	load       func(getenv func(string) string) (appConfig, error)
 }
 
+// listenVars are the variables holding a binary's listen addresses, its
+// main listener first.
+func (b binary) listenVars() []string {
+	return slices.Compact(append([]string{b.addrVar, b.adminVar}, b.internalVars...))
+}
+
+// connections are all of a binary's database connections, its main one
+// first.
+func (b binary) connections() []connection {
+	return append([]connection{{role: b.role, dbVar: b.dbVar, passwordVar: b.passwordVar, dbOf: b.dbOf}}, b.more...)
+}
+
 // connection is a database connection a binary opens as role, to the URL in
 // dbVar with the password from passwordVar (or its _FILE form).
 // replication says it streams changes from a replication slot, which
@@ -94,7 +133,23 @@ type binary struct {
 type connection struct {
 	role, dbVar, passwordVar string
 	replication              bool
+	// dbOf is the binary whose database the connection must reach; ""
+	// for the database of the binary's main connection.
+	dbOf string
 }
+
+// call is a URL, in urlVar, naming a listener of another binary: the
+// listener addrVar sets. viaProxy says a binary's proxy to that binary
+// (binary.proxy) may stand in between: the sender's SENDER_USERS_URL may
+// name the lab's fault proxy.
+type call struct {
+	urlVar, binary, addrVar string
+	viaProxy                bool
+}
+
+// proxy is a listener, set by addrVar, forwarding to the service the URL
+// in upstreamVar names (one of the binary's calls).
+type proxy struct{ addrVar, upstreamVar string }
 
 // login is a runtime role "migrate" sets the password of: from
 // passwordVar, which must be the secret the binary running as the role
@@ -104,11 +159,13 @@ type login struct{ role, passwordVar, binary string }
 // appConfig is the part of a binary's Config the checks compare across
 // services.
 type appConfig struct {
-	names      []string // every variable the binary reads
-	addr       string
-	adminAddr  string
-	dbURL      string
-	migrateURL string // "" for a binary without migrations
+	names []string // every variable the binary reads
+	// listens are its listen addresses, and urls the URLs of the
+	// services it calls, by variable.
+	listens, urls map[string]string
+	dbURL         string
+	migrateURL    string  // "" for a binary without migrations
+	logins        []login // the roles "migrate" gives a password (binary left "")
 	// defaults are the loader's defaults, by variable: what the binary
 	// uses for a variable the service leaves unset.
 	defaults map[string]any
@@ -120,37 +177,104 @@ var binaries = map[string]binary{
 	"student": {
 		pkg: "./services/student", addrVar: "STUDENT_HTTP_ADDR", adminVar: "STUDENT_ADMIN_ADDR", dbVar: "STUDENT_DATABASE_URL",
 		role: migrations.StudentApp, passwordVar: "STUDENT_DATABASE_PASSWORD", migrateVar: "STUDENT_MIGRATE_DATABASE_URL",
+		metrics: true, traces: true,
 		logins: []login{
 			{migrations.StudentApp, "STUDENT_DATABASE_PASSWORD", "student"},
 			{migrations.OutboxSender, "SENDER_DATABASE_PASSWORD", "outbox-sender"},
 			{migrations.OutboxCDC, "SENDER_CDC_DATABASE_PASSWORD", "outbox-sender"},
+			{migrations.LabReader, "LAB_STUDENT_DATABASE_PASSWORD", "lab"},
 		},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := studentsvc.LoadConfig(getenv)
-			return appConfig{names: r.Names(), defaults: defaults(r), addr: c.HTTPAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
+			return appConfig{
+				names: r.Names(), defaults: defaults(r),
+				listens: map[string]string{"STUDENT_HTTP_ADDR": c.HTTPAddr, "STUDENT_ADMIN_ADDR": c.AdminAddr},
+				dbURL:   c.DatabaseURL, migrateURL: c.MigrateDatabaseURL, logins: loginsOf(c.Logins),
+			}, err
 		},
 	},
 	"users": {
 		pkg: "./services/users", addrVar: "USERS_HTTP_ADDR", adminVar: "USERS_ADMIN_ADDR", dbVar: "USERS_DATABASE_URL",
 		role: migrations.UsersApp, passwordVar: "USERS_DATABASE_PASSWORD", migrateVar: "USERS_MIGRATE_DATABASE_URL",
-		logins: []login{{migrations.UsersApp, "USERS_DATABASE_PASSWORD", "users"}},
+		metrics: true, traces: true,
+		logins: []login{
+			{migrations.UsersApp, "USERS_DATABASE_PASSWORD", "users"},
+			{migrations.LabReader, "LAB_USERS_DATABASE_PASSWORD", "lab"},
+		},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := usersvc.LoadConfig(getenv)
-			return appConfig{names: r.Names(), defaults: defaults(r), addr: c.HTTPAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL}, err
+			return appConfig{
+				names: r.Names(), defaults: defaults(r),
+				listens: map[string]string{"USERS_HTTP_ADDR": c.HTTPAddr, "USERS_ADMIN_ADDR": c.AdminAddr},
+				dbURL:   c.DatabaseURL, migrateURL: c.MigrateDatabaseURL, logins: loginsOf(c.Logins),
+			}, err
 		},
 	},
 	"outbox-sender": {
-		pkg: "./outbox-sender", addrVar: "SENDER_ADMIN_ADDR", adminVar: "SENDER_ADMIN_ADDR", dbVar: "SENDER_DATABASE_URL",
+		pkg: "./outbox-sender", addrVar: "SENDER_ADMIN_ADDR", adminVar: "SENDER_ADMIN_ADDR",
+		metrics: true, traces: true,
+		// Users, or the lab's fault proxy in front of it.
+		calls: []call{{"SENDER_USERS_URL", "users", "USERS_HTTP_ADDR", true}},
+		// The sender owns no database: it claims rows from Student's
+		// outbox and records the answers on Student's rows.
+		dbVar: "SENDER_DATABASE_URL", dbOf: "student",
 		role: migrations.OutboxSender, passwordVar: "SENDER_DATABASE_PASSWORD",
 		// SENDER_SOURCE=cdc streams the outbox's inserts from the WAL over a
 		// replication connection. The compose file sets it up even while
-		// the sender polls, so that the switch is one variable.
-		more: []connection{{migrations.OutboxCDC, "SENDER_CDC_DATABASE_URL", "SENDER_CDC_DATABASE_PASSWORD", true}},
+		// the sender polls, so that the switch is one variable. The slot
+		// and the publication are in Student's database, next to the outbox.
+		more: []connection{{role: migrations.OutboxCDC, dbVar: "SENDER_CDC_DATABASE_URL", passwordVar: "SENDER_CDC_DATABASE_PASSWORD", replication: true}},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := sender.LoadConfig(getenv)
-			return appConfig{names: r.Names(), defaults: defaults(r), addr: c.AdminAddr, adminAddr: c.AdminAddr, dbURL: c.DatabaseURL}, err
+			return appConfig{
+				names: r.Names(), defaults: defaults(r),
+				listens: map[string]string{"SENDER_ADMIN_ADDR": c.AdminAddr},
+				urls:    map[string]string{"SENDER_USERS_URL": c.UsersURL},
+				dbURL:   c.DatabaseURL,
+			}, err
 		},
 	},
+	// The fault lab: its page on LAB_HTTP_ADDR has no authentication, like
+	// an admin port; its fault proxy on LAB_PROXY_ADDR forwards to Users.
+	// It has no migrations: each database's migration gives its login,
+	// lab_reader, a password.
+	"lab": {
+		pkg: "./lab", addrVar: "LAB_HTTP_ADDR", adminVar: "LAB_HTTP_ADDR",
+		internalVars: []string{"LAB_PROXY_ADDR"},
+		proxy:        proxy{addrVar: "LAB_PROXY_ADDR", upstreamVar: "LAB_USERS_URL"},
+		calls: []call{
+			{"LAB_USERS_URL", "users", "USERS_HTTP_ADDR", false},
+			{"LAB_STUDENT_URL", "student", "STUDENT_HTTP_ADDR", false},
+			{"LAB_STUDENT_ADMIN_URL", "student", "STUDENT_ADMIN_ADDR", false},
+			{"LAB_USERS_ADMIN_URL", "users", "USERS_ADMIN_ADDR", false},
+			{"LAB_SENDER_ADMIN_URL", "outbox-sender", "SENDER_ADMIN_ADDR", false},
+		},
+		// It reads both sides, as the same read-only role on each.
+		dbVar: "LAB_STUDENT_DATABASE_URL", dbOf: "student",
+		role: migrations.LabReader, passwordVar: "LAB_STUDENT_DATABASE_PASSWORD",
+		more: []connection{{role: migrations.LabReader, dbVar: "LAB_USERS_DATABASE_URL", passwordVar: "LAB_USERS_DATABASE_PASSWORD", dbOf: "users"}},
+		load: func(getenv func(string) string) (appConfig, error) {
+			c, r, err := faultlab.LoadConfig(getenv)
+			return appConfig{
+				names: r.Names(), defaults: defaults(r),
+				listens: map[string]string{"LAB_HTTP_ADDR": c.HTTPAddr, "LAB_PROXY_ADDR": c.ProxyAddr},
+				urls: map[string]string{
+					"LAB_USERS_URL": c.UsersURL, "LAB_STUDENT_URL": c.StudentURL, "LAB_STUDENT_ADMIN_URL": c.StudentAdminURL,
+					"LAB_USERS_ADMIN_URL": c.UsersAdminURL, "LAB_SENDER_ADMIN_URL": c.SenderAdminURL,
+				},
+				dbURL: c.StudentDatabaseURL,
+			}, err
+		},
+	},
+}
+
+// loginsOf reads a migration's logins as the checks list them.
+func loginsOf(ls []service.Login) []login {
+	var out []login
+	for _, l := range ls {
+		out = append(out, login{role: l.Role, passwordVar: l.Variable})
+	}
+	return out
 }
 
 // defaults maps each variable a loader read to its default.
@@ -189,7 +313,7 @@ var checks = []check{
 	{"ports", checkPorts},
 	{"database URLs", checkDatabases},
 	{"database roles and secrets", checkRoleSecrets},
-	{"users URL", checkUsersURL},
+	{"service URLs", checkServiceURLs},
 	{"start order", checkStartOrder},
 	{"healthchecks", checkHealthchecks},
 	{"depends_on conditions", checkDependsOnConditions},
@@ -252,6 +376,7 @@ services:
       STUDENT_MIGRATE_DATABASE_URL: postgres://postgres:wrong@student-db:5432/students
       STUDENT_DATABASE_PASSWORD_FILE: /run/secrets/student_app_password
       SENDER_DATABASE_PASSWORD_FILE: /run/secrets/outbox_sender_password
+      LAB_STUDENT_DATABASE_PASSWORD_FILE: /run/secrets/lab_student_db_password
     secrets: [student_app_password, outbox_sender_password]
     depends_on: [student-db]
   student:
@@ -307,6 +432,7 @@ services:
       SENDER_DATABASE_URL: postgres://postgres:pw@student-db:5432/student
       SENDER_SOURCE: cdc
       SENDER_CDC_DATABASE_URL: postgres://outbox_sender:pw@student-db:5432/student
+      SENDER_USERS_URL: http://lab:8084
   users-2:
     build: .
     command: ["users"]
@@ -317,7 +443,38 @@ services:
     profiles: [debug]
     environment:
       USERS_API_TOKENS: outbox-sender:users-knows-this-token-0123
-    secrets: [outbox_cdc_password]
+      LAB_USERS_DATABASE_PASSWORD_FILE: /run/secrets/lab_student_db_password
+    secrets: [outbox_cdc_password, lab_student_db_password]
+  lab:
+    build: .
+    command: ["lab"]
+    environment:
+      LAB_HTTP_ADDR: ":8084"
+      LAB_PROXY_ADDR: ":8083"
+      LAB_USERS_URL: http://student:8080
+      LAB_STUDENT_URL: http://student:8080
+      LAB_STUDENT_ADMIN_URL: http://student:8080
+      LAB_USERS_ADMIN_URL: http://users:8091
+      LAB_SENDER_ADMIN_URL: http://outbox-sender:8082
+      LAB_STUDENT_DATABASE_URL: postgres://lab_reader@student-db:5432/student
+      LAB_STUDENT_DATABASE_PASSWORD_FILE: /run/secrets/lab_student_db_password
+      LAB_USERS_DATABASE_URL: postgres://lab_reader@users-db:5432/users
+      LAB_USERS_DATABASE_PASSWORD_FILE: /run/secrets/lab_users_db_password
+      OTEL_SERVICE_NAME: lab
+    secrets: [lab_student_db_password, lab_users_db_password]
+    ports: ["8084:8084", "8083:8083"]
+    depends_on:
+      student-migrate:
+        condition: service_completed_successfully
+    healthcheck:
+      test: ["CMD", "lab", "healthcheck"]
+  lab-2:
+    build: .
+    command: ["lab"]
+    environment:
+      LAB_USERS_URL: http://users:9091
+      LAB_USERS_ADMIN_URL: http://users-2:8091
+      LAB_USERS_DATABASE_URL: postgres://lab_reader@student-db:5432/student
   worker:
     build: .
     command: ["outbox-worker"]
@@ -350,6 +507,10 @@ secrets:
     file: deploy/secrets/outbox_cdc_password.txt
   lost_password:
     file: deploy/secrets/no-such-file.txt
+  lab_student_db_password:
+    file: deploy/secrets/lab_student_db_password.txt
+  lab_users_db_password:
+    file: deploy/secrets/lab_users_db_password.txt
 `
 	d := loadDeployment(t, filepath.Join(repoRoot, "broken-compose.yml"), []byte(broken), types.Mapping{})
 	want := map[string][]string{
@@ -364,18 +525,23 @@ secrets:
 			`"student": STUDENT_HTTP_PORT is not read by student`,
 			`"student": student rejects this environment`,
 			`"student": OTEL_EXPORTER_OTLP_ENDPIONT is not a variable the OpenTelemetry SDK reads`,
+			`"lab": OTEL_SERVICE_NAME does nothing: lab exports no traces`,
 		},
 		"ports": {
 			`"student": publishes container port 9090, but nothing listens there: STUDENT_HTTP_ADDR=":8080" listens on 8080, STUDENT_ADMIN_ADDR=":9190" listens on 9190`,
 			`"users": container port 9091 is not in the Dockerfile's EXPOSE`,
 			`"users": publishes its admin port 8091 (USERS_ADMIN_ADDR) on every interface`,
+			`"student": listens on 9190 (STUDENT_ADMIN_ADDR), which is not in the Dockerfile's EXPOSE`,
+			`"lab": publishes its admin port 8084 (LAB_HTTP_ADDR) on every interface`,
+			`"lab": publishes port 8083 (LAB_PROXY_ADDR), which only other services call, over the compose network`,
 		},
 		"database URLs": {
 			`"student-migrate": STUDENT_MIGRATE_DATABASE_URL names database "students", but student-db's POSTGRES_DB is "student"`,
 			`"student-migrate": STUDENT_MIGRATE_DATABASE_URL has the wrong password for student-db's administrator`,
 			`"student": STUDENT_DATABASE_URL logs in as "postgres", but student runs as its own role, "student_app"`,
 			`"users": USERS_DATABASE_URL points at "users-db", which is not a service`,
-			`"outbox-sender": SENDER_DATABASE_URL points at users-db/users, but the sender works on Student's database, student-db/student`,
+			`"outbox-sender": SENDER_DATABASE_URL points at users-db/users, but outbox-sender works on the database of student, student-db/student`,
+			`"lab-2": LAB_USERS_DATABASE_URL points at student-db/student, but lab works on the database of users, localhost/users or users-db/users`,
 			`"outbox-sender": SENDER_CDC_DATABASE_URL points at student-db/student, but SENDER_DATABASE_URL points at users-db/users: both must reach the same database`,
 			`"outbox-sender-2": SENDER_CDC_DATABASE_URL logs in as "outbox_sender", but this connection runs as its own role, "outbox_cdc"`,
 		},
@@ -389,15 +555,23 @@ secrets:
 			`"outbox-sender": SENDER_CDC_DATABASE_PASSWORD_FILE does not name a secret mounted in the container`,
 			`"outbox-sender-2": the password of outbox_cdc is in SENDER_CDC_DATABASE_URL: it must come from a secret, SENDER_CDC_DATABASE_PASSWORD_FILE`,
 			`"users-migrate-2": gets secret "outbox_cdc_password", which none of its variables names`,
+			`"student-migrate": LAB_STUDENT_DATABASE_PASSWORD_FILE does not name a secret mounted in the container: without it migrate leaves lab_reader without a password, and lab cannot log in`,
+			`"users-migrate-2": gives lab_reader the password in secret "lab_student_db_password", but lab logs in with [lab_users_db_password] (LAB_USERS_DATABASE_PASSWORD_FILE)`,
 		},
-		"users URL": {
-			`SENDER_USERS_URL=http://users:8081 uses port 8081, but "users" listens on 9091`,
+		"service URLs": {
+			`"outbox-sender": SENDER_USERS_URL=http://users:8081 uses port 8081, but "users" listens on 9091 (USERS_HTTP_ADDR)`,
+			`"outbox-sender-2": SENDER_USERS_URL=http://lab:8084 uses port 8084, where "lab" serves LAB_HTTP_ADDR, not LAB_PROXY_ADDR (8083)`,
+			`"lab": LAB_USERS_URL=http://student:8080: "student" is not a service running users`,
+			`"lab": LAB_STUDENT_ADMIN_URL=http://student:8080 uses port 8080, where "student" serves STUDENT_HTTP_ADDR, not STUDENT_ADMIN_ADDR (9190)`,
+			`"lab": no service calls its proxy (LAB_PROXY_ADDR)`,
+			`"lab-2": its URLs name different services running users, map[users:[LAB_USERS_URL] users-2:[LAB_USERS_ADMIN_URL]]`,
 		},
 		"start order": {
 			`"student-db": has no healthcheck`,
 			`"student-migrate": must depend on "student-db" with condition service_healthy, not service_started`,
 			`"student": must depend on a migration of student-db/student with condition service_completed_successfully`,
 			`"outbox-sender": must depend on a migration of users-db/users with condition service_completed_successfully`,
+			`"lab": must depend on a migration of users-db/users with condition service_completed_successfully`,
 		},
 		"healthchecks": {
 			`"student": healthcheck runs "users", the binary built from services/users, but the service runs the one built from services/student`,
@@ -475,6 +649,131 @@ secrets:
 		require.Contains(t, got, `"outbox-sender": outbox-sender rejects this environment`)
 		require.Contains(t, got, `SENDER_SOURCE="stream"`)
 	})
+	// Prometheus scraping the lab: its page serves no /metrics, and its
+	// proxy is not an admin listener at all. Each is reported as such,
+	// and the lab is not a target Prometheus must scrape.
+	t.Run("a scrape of the lab", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		promFile := filepath.Join(dir, "prometheus.yml")
+		require.NoError(t, os.WriteFile(promFile, []byte(`scrape_configs:
+  - job_name: lab
+    static_configs:
+      - targets: ["lab:8084", "lab:8083"]
+`), 0o600))
+		d := loadDeployment(t, filepath.Join(repoRoot, "scrape-compose.yml"), []byte(`
+services:
+  lab:
+    build: .
+    command: ["lab"]
+  prometheus:
+    image: prom/prometheus:v3.1.0
+    volumes:
+      - `+promFile+`:/etc/prometheus/prometheus.yml:ro
+`), types.Mapping{})
+		got := strings.Join(checkScrapes(d), "\n")
+		require.Contains(t, got, `"prometheus": job "lab" scrapes lab:8084 (LAB_HTTP_ADDR=":8084": lab serves no /metrics)`)
+		require.Contains(t, got, `"prometheus": job "lab" scrapes lab:8083 (LAB_PROXY_ADDR=":8083", not its admin listener)`)
+		require.NotContains(t, got, "does not scrape")
+	})
+	// The header of docker-compose.yml says a deployment without the lab
+	// points the sender at Users itself. That file passes every check:
+	// the lab is optional to the migrations (migrations.Optional), and the
+	// sender may name Users directly.
+	t.Run("the real file without the lab", func(t *testing.T) {
+		t.Parallel()
+		content, err := os.ReadFile(composeFile)
+		require.NoError(t, err)
+		d := loadDeployment(t, composeFile, withoutLab(t, content), types.Mapping{})
+		for _, c := range checks {
+			problems := c.run(d)
+			if c.name == "required services" {
+				// This repository's file must run the lab (requiredServices).
+				require.Equal(t, []string{`service "lab" is missing`}, problems)
+				continue
+			}
+			require.Empty(t, problems, "%s", c.name)
+		}
+	})
+}
+
+// withoutLab rewrites a compose file as a deployment without the lab
+// would have it: no lab service and no lab_reader secrets, and the sender
+// calling Users directly.
+func withoutLab(t *testing.T, content []byte) []byte {
+	t.Helper()
+	var doc map[string]any
+	require.NoError(t, yaml.Unmarshal(content, &doc))
+	services, _ := doc["services"].(map[string]any)
+	require.Contains(t, services, "lab")
+	delete(services, "lab")
+	for name, svc := range services {
+		svc, _ := svc.(map[string]any)
+		if env, ok := svc["environment"].(map[string]any); ok {
+			for v := range env {
+				if strings.HasPrefix(v, "LAB_") {
+					delete(env, v)
+				}
+			}
+			if name == "outbox-sender" {
+				env["SENDER_USERS_URL"] = "http://users:8081"
+			}
+		}
+		if deps, ok := svc["depends_on"].(map[string]any); ok {
+			delete(deps, "lab")
+		}
+		if secrets, ok := svc["secrets"].([]any); ok {
+			svc["secrets"] = slices.DeleteFunc(secrets, func(s any) bool { return strings.HasPrefix(fmt.Sprint(s), "lab_") })
+		}
+	}
+	secrets, _ := doc["secrets"].(map[string]any)
+	for name := range secrets {
+		if strings.HasPrefix(name, "lab_") {
+			delete(secrets, name)
+		}
+	}
+	out, err := yaml.Marshal(doc)
+	require.NoError(t, err)
+	require.NotContains(t, string(out), "lab")
+	return out
+}
+
+// TestComposeLoginTables keeps the tables the checks use in step with the
+// code: the roles each binary's "migrate" gives a password are those its
+// loader lists (Config.Logins), and each is a connection, with the same
+// role and password variable, of the binary that logs in with it.
+func TestComposeLoginTables(t *testing.T) {
+	t.Parallel()
+	for _, name := range slices.Sorted(maps.Keys(binaries)) {
+		b := binaries[name]
+		cfg, _ := b.load(func(string) string { return "" })
+		var want []login
+		for _, l := range b.logins {
+			want = append(want, login{role: l.role, passwordVar: l.passwordVar})
+			user, ok := binaries[l.binary]
+			require.True(t, ok, "%s: login %v names no binary", name, l)
+			require.True(t, slices.ContainsFunc(user.connections(), func(c connection) bool {
+				return c.role == l.role && c.passwordVar == l.passwordVar
+			}), "%s: login %v is no connection of %s", name, l, l.binary)
+		}
+		require.Equal(t, want, cfg.logins, "%s: the logins its migrate sets", name)
+		require.Equal(t, b.migrateVar != "", cfg.migrateURL != "", "%s: migrateVar and its loader disagree", name)
+		for _, v := range b.listenVars() {
+			require.Contains(t, cfg.listens, v, "%s: listener %s", name, v)
+		}
+		for _, c := range b.calls {
+			require.Contains(t, cfg.urls, c.urlVar, "%s: call %s", name, c.urlVar)
+			require.Contains(t, binaries[c.binary].listenVars(), c.addrVar, "%s: call %s", name, c.urlVar)
+		}
+		if b.proxy.addrVar != "" {
+			require.Contains(t, b.listenVars(), b.proxy.addrVar, name)
+			require.True(t, slices.ContainsFunc(b.calls, func(c call) bool { return c.urlVar == b.proxy.upstreamVar }), name)
+		}
+		for _, c := range b.connections() {
+			require.Contains(t, cfg.names, c.dbVar, "%s", name)
+			require.Contains(t, cfg.names, c.passwordVar, "%s", name)
+		}
+	}
 }
 
 // deployment is a loaded compose project and the Dockerfiles it builds.
@@ -691,16 +990,19 @@ func checkBuild(d *deployment) []string {
 func checkEnvironment(d *deployment) []string {
 	var problems []string
 	for _, s := range d.goServices() {
-		name, _, ok := binaryOf(s)
+		name, b, ok := binaryOf(s)
 		if !ok {
 			continue // checkBuild reports it
 		}
 		cfg, err := config(s)
 		for _, v := range slices.Sorted(maps.Keys(s.Environment)) {
 			// The OpenTelemetry SDK reads its own variables; a misspelt
-			// one would silently do nothing too.
+			// one would silently do nothing too, and so would any in a
+			// binary without the SDK.
 			if strings.HasPrefix(v, "OTEL_") {
-				if !otelVars[v] {
+				if !b.traces {
+					problems = append(problems, fmt.Sprintf("%q: %s does nothing: %s exports no traces", s.Name, v, name))
+				} else if !otelVars[v] {
 					problems = append(problems, fmt.Sprintf("%q: %s is not a variable the OpenTelemetry SDK reads, so setting it does nothing", s.Name, v))
 				}
 				continue
@@ -717,30 +1019,43 @@ func checkEnvironment(d *deployment) []string {
 }
 
 // checkPorts: every published container port is one the binary listens
-// on, and is in the image's EXPOSE. An admin port (metrics, and the
-// sender's redrive) has no authentication, so it is published on the
-// loopback interface only.
+// on, and every port it listens on, published or not, is in the image's
+// EXPOSE (the list of what the image serves). An admin port (metrics, the
+// sender's redrive, the lab's page) has no authentication, so it is
+// published on the loopback interface only; a listener only other
+// services call (the lab's fault proxy, which the sender calls) is not
+// published at all.
 func checkPorts(d *deployment) []string {
 	var problems []string
 	for _, s := range d.goServices() {
 		_, b, ok := binaryOf(s)
-		if !ok || len(s.Ports) == 0 {
+		if !ok {
+			continue
+		}
+		if isMigration(s) {
+			for _, p := range s.Ports {
+				problems = append(problems, fmt.Sprintf("%q: publishes container port %d, but a migration listens on nothing", s.Name, p.Target))
+			}
 			continue
 		}
 		cfg, _ := config(s)
 		listens := map[uint32]string{} // port → the variable that sets it
 		var desc []string
 		bad := false
-		addrs := map[string]string{b.addrVar: cfg.addr, b.adminVar: cfg.adminAddr}
-		for _, v := range slices.Compact([]string{b.addrVar, b.adminVar}) {
-			port, err := portOf(addrs[v])
+		for _, v := range b.listenVars() {
+			addr := cfg.listens[v]
+			port, err := portOf(addr)
 			if err != nil {
-				problems = append(problems, fmt.Sprintf("%q: %s=%q: %v", s.Name, v, addrs[v], err))
+				problems = append(problems, fmt.Sprintf("%q: %s=%q: %v", s.Name, v, addr, err))
 				bad = true
 				continue
 			}
+			if other, taken := listens[port]; taken {
+				problems = append(problems, fmt.Sprintf("%q: %s=%q and %s=%q both listen on %d", s.Name, other, cfg.listens[other], v, addr, port))
+				bad = true
+			}
 			listens[port] = v
-			desc = append(desc, fmt.Sprintf("%s=%q listens on %d", v, addrs[v], port))
+			desc = append(desc, fmt.Sprintf("%s=%q listens on %d", v, addr, port))
 		}
 		if bad {
 			continue
@@ -749,17 +1064,26 @@ func checkPorts(d *deployment) []string {
 		if s.Build != nil {
 			img = d.images[dockerfilePath(s.Build)]
 		}
+		published := map[uint32]bool{}
 		for _, p := range s.Ports {
+			published[p.Target] = true
 			v, ok := listens[p.Target]
 			switch {
 			case !ok:
 				problems = append(problems, fmt.Sprintf("%q: publishes container port %d, but nothing listens there: %s", s.Name, p.Target, strings.Join(desc, ", ")))
+			case slices.Contains(b.internalVars, v):
+				problems = append(problems, fmt.Sprintf("%q: publishes port %d (%s), which only other services call, over the compose network: do not publish it", s.Name, p.Target, v))
 			case v == b.adminVar && !loopback(p.HostIP):
 				problems = append(problems, fmt.Sprintf("%q: publishes its admin port %d (%s) on every interface, but it has no authentication: publish it as \"127.0.0.1:%s:%d\"", s.Name, p.Target, v, cmp.Or(p.Published, strconv.Itoa(int(p.Target))), p.Target))
 			}
 			// An image that failed to load is checkBuild's to report.
 			if img.installed != nil && !slices.Contains(img.expose, p.Target) {
 				problems = append(problems, fmt.Sprintf("%q: container port %d is not in the Dockerfile's EXPOSE %v", s.Name, p.Target, img.expose))
+			}
+		}
+		for _, port := range slices.Sorted(maps.Keys(listens)) {
+			if img.installed != nil && !published[port] && !slices.Contains(img.expose, port) {
+				problems = append(problems, fmt.Sprintf("%q: listens on %d (%s), which is not in the Dockerfile's EXPOSE %v", s.Name, port, listens[port], img.expose))
 			}
 		}
 	}
@@ -827,7 +1151,7 @@ func (d *deployment) target(s types.ServiceConfig, dbVar, dbURL string) (*url.UR
 	if err != nil {
 		return nil, database{}, []string{fmt.Sprintf("%q: %s: %v", s.Name, dbVar, err)}
 	}
-	db := database{host: u.Hostname(), name: strings.TrimPrefix(u.Path, "/")}
+	db := databaseOfURL(u)
 	dbSvc, ok := d.project.Services[db.host]
 	if !ok {
 		return nil, db, []string{fmt.Sprintf("%q: %s points at %q, which is not a service", s.Name, dbVar, db.host)}
@@ -849,12 +1173,52 @@ func adminOf(dbSvc types.ServiceConfig) string {
 	return cmp.Or(getenvOf(dbSvc.Environment)("POSTGRES_USER"), "postgres")
 }
 
+// databaseOfURL is the database a parsed database URL names.
+func databaseOfURL(u *url.URL) database {
+	return database{host: u.Hostname(), name: strings.TrimPrefix(u.Path, "/")}
+}
+
+// servingDatabases maps each binary to the databases its serving services'
+// main connections name, whether or not those are services: what a
+// connection meant to reach that binary's database must reach.
+func (d *deployment) servingDatabases() map[string]map[database]bool {
+	out := map[string]map[database]bool{}
+	for _, s := range d.servingGoServices() {
+		name, _, _ := binaryOf(s)
+		db, _ := d.databaseOf(s)
+		if out[name] == nil {
+			out[name] = map[database]bool{}
+		}
+		out[name][db] = true
+	}
+	return out
+}
+
+// wrongDatabase says what is wrong when a connection (in dbVar, to db) of
+// a binary whose connection must reach the database of binary dbOf does
+// not; "" when it does, or when no service runs dbOf (nothing to compare).
+func wrongDatabase(s types.ServiceConfig, dbVar string, db database, dbOf string, serving map[string]map[database]bool) string {
+	want := serving[dbOf]
+	if len(want) == 0 || want[db] {
+		return ""
+	}
+	var names []string
+	for w := range want {
+		names = append(names, w.String())
+	}
+	slices.Sort(names)
+	name, _, _ := binaryOf(s)
+	return fmt.Sprintf("%q: %s points at %s, but %s works on the database of %s, %s", s.Name, dbVar, db, name, dbOf, strings.Join(names, " or "))
+}
+
 // connectionsOf checks a runtime service's other connections (binary.more)
 // and returns their URLs as the binary sees them, by variable. Each must
-// log in as its own role to the database the service's main connection
-// uses (main): the sender's replication slot and publication are in
-// Student's database, next to the outbox.
-func (d *deployment) connectionsOf(s types.ServiceConfig, main database) (map[string]*url.URL, []string) {
+// log in as its own role to the database its dbOf names: the database the
+// service's main connection uses (main), as the sender's replication
+// connection does (its slot and publication are in Student's database,
+// next to the outbox), or another binary's, as the lab's reading of Users'
+// database does. serving is servingDatabases().
+func (d *deployment) connectionsOf(s types.ServiceConfig, main database, serving map[string]map[database]bool) (map[string]*url.URL, []string) {
 	_, b, ok := binaryOf(s)
 	if !ok || isMigration(s) {
 		return nil, nil
@@ -869,8 +1233,13 @@ func (d *deployment) connectionsOf(s types.ServiceConfig, main database) (map[st
 			continue
 		}
 		urls[c.dbVar] = u
-		if db != main {
+		if c.dbOf == "" && db != main {
 			problems = append(problems, fmt.Sprintf("%q: %s points at %s, but %s points at %s: both must reach the same database", s.Name, c.dbVar, db, b.dbVar, main))
+		}
+		if c.dbOf != "" {
+			if p := wrongDatabase(s, c.dbVar, db, c.dbOf, serving); p != "" {
+				problems = append(problems, p)
+			}
 		}
 		if u.User.Username() != c.role {
 			problems = append(problems, fmt.Sprintf("%q: %s logs in as %q, but this connection runs as its own role, %q", s.Name, c.dbVar, u.User.Username(), c.role))
@@ -882,38 +1251,39 @@ func (d *deployment) connectionsOf(s types.ServiceConfig, main database) (map[st
 // checkRoleSecrets: each service's database password comes from a Docker
 // secret, and each container gets only the secrets it needs. A runtime
 // service gets its own roles' passwords and no other (the sender has two
-// roles: outbox_sender, and outbox_cdc for its replication connection): a
-// container that could read another role's password could use that
-// role's grants. A migration gets the administrator's and those of the
-// runtime roles it sets, and must give each role the very secret the
-// role's service logs in with, or the service is locked out after the
-// first migration.
+// roles: outbox_sender, and outbox_cdc for its replication connection;
+// the lab one role, lab_reader, on two databases, with a password on
+// each): a container that could read another role's password could use
+// that role's grants. A migration gets the administrator's and those of
+// the runtime roles it sets, and must give each role the very secret the
+// role's service logs in with to that database, or the service is locked
+// out after the first migration. A login the migration may leave without
+// a password (migrations.Optional: lab_reader) needs one only when a
+// service logs in with it.
 func checkRoleSecrets(d *deployment) []string {
 	var problems []string
-	loginSecret := map[string]map[string]string{} // role → secret → a service logging in with it
+	// binary and password variable → secret → a service logging in with
+	// it. Keyed by the variable rather than the role: lab_reader logs in
+	// to two databases, each with its own password.
+	loginSecret := map[string]map[string]string{}
+	running := map[string]bool{} // binaries some serving service runs
 	for _, s := range d.goServices() {
 		name, b, ok := binaryOf(s)
 		if !ok || isMigration(s) {
 			continue
 		}
+		running[name] = true
 		cfg, _ := config(s)
-		if u, err := url.Parse(cfg.dbURL); err == nil {
-			if _, inURL := u.User.Password(); inURL && d.secretVars[s.Name][b.passwordVar+"_FILE"] == "" {
-				problems = append(problems, fmt.Sprintf("%q: the password of %s is in %s: it must come from a secret, %s_FILE", s.Name, b.role, b.dbVar, b.passwordVar))
-			}
-		}
-		if _, inline := s.Environment[b.passwordVar]; inline {
-			problems = append(problems, fmt.Sprintf("%q: %s is set inline: the password of %s must come from a secret, %s_FILE", s.Name, b.passwordVar, b.role, b.passwordVar))
-		}
-		// Its other connections' passwords come from secrets too, whether
-		// or not the binary opens them with this environment: the sender's
+		// Every connection's password comes from a secret, whether or
+		// not the binary opens it with this environment: the sender's
 		// replication connection is set up while it polls, so that
 		// SENDER_SOURCE=cdc is all it takes to switch.
-		roles := []string{b.role}
-		cons := []connection{{role: b.role, dbVar: b.dbVar, passwordVar: b.passwordVar}}
-		for _, c := range b.more {
-			roles = append(roles, c.role)
-			cons = append(cons, c)
+		var roles []string
+		mine := map[string]bool{}
+		for _, c := range b.connections() {
+			if !slices.Contains(roles, c.role) {
+				roles = append(roles, c.role)
+			}
 			if u, err := url.Parse(cfg.value(s.Environment, c.dbVar)); err == nil {
 				if _, inURL := u.User.Password(); inURL && d.secretVars[s.Name][c.passwordVar+"_FILE"] == "" {
 					problems = append(problems, fmt.Sprintf("%q: the password of %s is in %s: it must come from a secret, %s_FILE", s.Name, c.role, c.dbVar, c.passwordVar))
@@ -922,18 +1292,16 @@ func checkRoleSecrets(d *deployment) []string {
 			if _, inline := s.Environment[c.passwordVar]; inline {
 				problems = append(problems, fmt.Sprintf("%q: %s is set inline: the password of %s must come from a secret, %s_FILE", s.Name, c.passwordVar, c.role, c.passwordVar))
 			}
-		}
-		mine := map[string]bool{}
-		for _, c := range cons {
 			own := d.secretVars[s.Name][c.passwordVar+"_FILE"]
 			if own == "" {
 				problems = append(problems, fmt.Sprintf("%q: %s_FILE does not name a secret mounted in the container: %s logs in as %s with its password from one", s.Name, c.passwordVar, name, c.role))
 				continue
 			}
-			if loginSecret[c.role] == nil {
-				loginSecret[c.role] = map[string]string{}
+			key := name + " " + c.passwordVar
+			if loginSecret[key] == nil {
+				loginSecret[key] = map[string]string{}
 			}
-			loginSecret[c.role][own] = s.Name
+			loginSecret[key][own] = s.Name
 			mine[own] = true
 		}
 		// Its other secrets are those its own variables name, such as
@@ -954,11 +1322,16 @@ func checkRoleSecrets(d *deployment) []string {
 		}
 		for _, l := range b.logins {
 			secret := d.secretVars[s.Name][l.passwordVar+"_FILE"]
+			logsIn := loginSecret[l.binary+" "+l.passwordVar]
 			switch {
+			case secret == "" && migrations.Optional(l.role) && !running[l.binary]:
+				// No service logs in as the role: it may stay without a password.
+			case secret == "" && migrations.Optional(l.role):
+				problems = append(problems, fmt.Sprintf("%q: %s_FILE does not name a secret mounted in the container: without it migrate leaves %s without a password, and %s cannot log in", s.Name, l.passwordVar, l.role, l.binary))
 			case secret == "":
 				problems = append(problems, fmt.Sprintf("%q: %s_FILE does not name a secret mounted in the container: migrate sets the password of %s from it", s.Name, l.passwordVar, l.role))
-			case len(loginSecret[l.role]) > 0 && loginSecret[l.role][secret] == "":
-				problems = append(problems, fmt.Sprintf("%q: gives %s the password in secret %q, but %s logs in with %v", s.Name, l.role, secret, l.binary, slices.Sorted(maps.Keys(loginSecret[l.role]))))
+			case len(logsIn) > 0 && logsIn[secret] == "":
+				problems = append(problems, fmt.Sprintf("%q: gives %s the password in secret %q, but %s logs in with %v (%s_FILE)", s.Name, l.role, secret, l.binary, slices.Sorted(maps.Keys(logsIn)), l.passwordVar))
 			}
 		}
 	}
@@ -996,22 +1369,26 @@ func checkDatabases(d *deployment) []string {
 	// others running it: a migration of another database than the one the
 	// service reads would leave the service without its tables.
 	byBinary := map[string]map[database][]string{}
-	serving := map[string]database{} // the database of the binary's long-running service
+	serving := d.servingDatabases()
 	for _, s := range d.goServices() {
-		name, _, ok := binaryOf(s)
+		name, b, ok := binaryOf(s)
 		if !ok {
 			continue
 		}
 		db, p := d.databaseOf(s)
 		problems = append(problems, p...)
-		_, p = d.connectionsOf(s, db)
+		_, p = d.connectionsOf(s, db, serving)
 		problems = append(problems, p...)
 		if byBinary[name] == nil {
 			byBinary[name] = map[database][]string{}
 		}
 		byBinary[name][db] = append(byBinary[name][db], s.Name)
-		if !isMigration(s) {
-			serving[name] = db
+		// A binary without a database of its own (the sender, the lab)
+		// works on another's: its main connection must reach that one.
+		if !isMigration(s) && b.dbOf != "" {
+			if p := wrongDatabase(s, b.dbVar, db, b.dbOf, serving); p != "" {
+				problems = append(problems, p)
+			}
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(byBinary)) {
@@ -1019,81 +1396,212 @@ func checkDatabases(d *deployment) []string {
 			problems = append(problems, fmt.Sprintf("the services running %s disagree on its database: %v", name, dbs))
 		}
 	}
-	studentDB, okS := serving["student"]
-	usersDB, okU := serving["users"]
-	if okS && okU && studentDB == usersDB {
-		problems = append(problems, fmt.Sprintf("Student and Users share database %s; each must own its own", studentDB))
+	for db := range serving["student"] {
+		if serving["users"][db] {
+			problems = append(problems, fmt.Sprintf("Student and Users share database %s; each must own its own", db))
+		}
 	}
-	// The sender owns no database: it claims rows from Student's outbox and
-	// records the answers on Student's rows.
-	if okS {
-		for db, svcs := range byBinary["outbox-sender"] {
-			if db != studentDB {
-				problems = append(problems, fmt.Sprintf("%q: SENDER_DATABASE_URL points at %s, but the sender works on Student's database, %s", svcs[0], db, studentDB))
+	return problems
+}
+
+// call is b's call whose URL is in urlVar.
+func (b binary) call(urlVar string) call {
+	i := slices.IndexFunc(b.calls, func(c call) bool { return c.urlVar == urlVar })
+	return b.calls[i]
+}
+
+// proxiesTo says whether b's proxy forwards to a service running binary
+// name, by b's own table: the lab's fault proxy forwards to Users.
+func (b binary) proxiesTo(name string) bool {
+	if b.proxy.addrVar == "" {
+		return false
+	}
+	for _, c := range b.calls {
+		if c.urlVar == b.proxy.upstreamVar && c.binary == name {
+			return true
+		}
+	}
+	return false
+}
+
+// resolvedCall is where a call's URL leads: the service it names, the
+// listener (by variable) it must reach there, and whether that service
+// is a proxy standing in for the binary called.
+type resolvedCall struct {
+	url     *url.URL
+	target  types.ServiceConfig
+	addrVar string
+	proxied bool
+}
+
+// resolveCall reads the URL of s's call c as s's binary sees it, and
+// checks that it names a serving service running the binary called (or,
+// where c allows, a proxy to it). It returns nil and why when not.
+func (d *deployment) resolveCall(s types.ServiceConfig, c call) (*resolvedCall, string) {
+	cfg, _ := config(s)
+	raw := cfg.urls[c.urlVar]
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Sprintf("%q: %s: %v", s.Name, c.urlVar, err)
+	}
+	target, ok := d.project.Services[u.Hostname()]
+	name, b, isGo := binaryOf(target)
+	switch {
+	case ok && isGo && !isMigration(target) && name == c.binary:
+		return &resolvedCall{url: u, target: target, addrVar: c.addrVar}, ""
+	case ok && isGo && !isMigration(target) && c.viaProxy && b.proxiesTo(c.binary):
+		return &resolvedCall{url: u, target: target, addrVar: b.proxy.addrVar, proxied: true}, ""
+	}
+	want := c.binary
+	if c.viaProxy {
+		var proxies []string
+		for _, pname := range slices.Sorted(maps.Keys(binaries)) {
+			if binaries[pname].proxiesTo(c.binary) {
+				proxies = append(proxies, pname)
+			}
+		}
+		want += fmt.Sprintf(" or a proxy to it (%s)", strings.Join(proxies, ", "))
+	}
+	return nil, fmt.Sprintf("%q: %s=%s: %q is not a service running %s", s.Name, c.urlVar, raw, u.Hostname(), want)
+}
+
+// urlPort is the port a URL reaches, its scheme's when it names none.
+func urlPort(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	return map[string]string{"http": "80", "https": "443"}[u.Scheme]
+}
+
+// checkServiceURLs: every URL a Go service calls another by names a
+// service running that binary, on the port the listener it means listens
+// on there (the API, or the admin port). The sender's SENDER_USERS_URL
+// may name the lab instead, on its fault proxy's port, not its page's; the
+// lab's LAB_USERS_URL then names Users. A proxy must be called through,
+// or its faults break nothing and its page shows no delivery. The URLs
+// one service uses for another binary (the lab's for Student's API and
+// Student's admin port) name the same service, or the page would show one
+// Student's readiness and create students in another.
+func checkServiceURLs(d *deployment) []string {
+	var problems []string
+	calledProxies := map[string]bool{} // services whose proxy some service calls, on its port
+	for _, s := range d.servingGoServices() {
+		_, b, _ := binaryOf(s)
+		named := map[string]map[string][]string{} // binary → service named → the variables naming it
+		for _, c := range b.calls {
+			r, problem := d.resolveCall(s, c)
+			if r == nil {
+				problems = append(problems, problem)
+				continue
+			}
+			if !r.proxied {
+				if named[c.binary] == nil {
+					named[c.binary] = map[string][]string{}
+				}
+				named[c.binary][r.target.Name] = append(named[c.binary][r.target.Name], c.urlVar)
+			}
+			_, tb, _ := binaryOf(r.target)
+			tcfg, _ := config(r.target)
+			want, err := portOf(tcfg.listens[r.addrVar])
+			if err != nil {
+				continue // checkPorts reports it
+			}
+			got := urlPort(r.url)
+			if got == strconv.Itoa(int(want)) {
+				if r.proxied {
+					calledProxies[r.target.Name] = true
+				}
+				continue
+			}
+			other := ""
+			for _, v := range tb.listenVars() {
+				if p, err := portOf(tcfg.listens[v]); err == nil && strconv.Itoa(int(p)) == got {
+					other = v
+				}
+			}
+			if other != "" {
+				problems = append(problems, fmt.Sprintf("%q: %s=%s uses port %s, where %q serves %s, not %s (%d)", s.Name, c.urlVar, r.url, got, r.target.Name, other, r.addrVar, want))
+			} else {
+				problems = append(problems, fmt.Sprintf("%q: %s=%s uses port %s, but %q listens on %d (%s)", s.Name, c.urlVar, r.url, got, r.target.Name, want, r.addrVar))
+			}
+		}
+		for _, bin := range slices.Sorted(maps.Keys(named)) {
+			if svcs := named[bin]; len(svcs) > 1 {
+				problems = append(problems, fmt.Sprintf("%q: its URLs name different services running %s, %v: they must name one", s.Name, bin, svcs))
 			}
 		}
 	}
-	return problems
-}
-
-func checkUsersURL(d *deployment) []string {
-	var problems []string
-	for _, s := range d.goServices() {
-		if name, _, _ := binaryOf(s); name != "outbox-sender" {
-			continue
-		}
-		c, _, _ := sender.LoadConfig(getenvOf(s.Environment))
-		u, err := url.Parse(c.UsersURL)
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_URL: %v", s.Name, err))
-			continue
-		}
-		target, ok := d.project.Services[u.Hostname()]
-		if name, _, _ := binaryOf(target); !ok || name != "users" || isMigration(target) {
-			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_URL=%s: %q is not a service running Users", s.Name, c.UsersURL, u.Hostname()))
-			continue
-		}
-		cfg, _ := config(target)
-		want, err := portOf(cfg.addr)
-		if err != nil {
-			continue // checkPorts reports it
-		}
-		got := u.Port()
-		if got == "" {
-			got = map[string]string{"http": "80", "https": "443"}[u.Scheme]
-		}
-		if got != strconv.Itoa(int(want)) {
-			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_URL=%s uses port %s, but %q listens on %d", s.Name, c.UsersURL, got, target.Name, want))
+	for _, s := range d.servingGoServices() {
+		_, b, _ := binaryOf(s)
+		if b.proxy.addrVar != "" && !calledProxies[s.Name] {
+			problems = append(problems, fmt.Sprintf("%q: no service calls its proxy (%s): its faults would break nothing", s.Name, b.proxy.addrVar))
 		}
 	}
 	return problems
 }
 
+// calledService is the service a call reaches in the end: the one its URL
+// names, or the one behind a proxy it names. "" when it names none.
+func (d *deployment) calledService(s types.ServiceConfig, c call) string {
+	r, _ := d.resolveCall(s, c)
+	if r == nil {
+		return ""
+	}
+	if !r.proxied {
+		return r.target.Name
+	}
+	_, pb, _ := binaryOf(r.target)
+	for _, up := range pb.calls {
+		if up.urlVar == pb.proxy.upstreamVar {
+			return d.calledService(r.target, up)
+		}
+	}
+	return ""
+}
+
+// checkStartOrder: each database a Go service connects to has a
+// healthcheck; a migration waits for its database to be healthy and runs
+// once; and a serving service waits for a migration of every database it
+// connects to (the lab: Student's and Users') to have completed.
 func checkStartOrder(d *deployment) []string {
 	var problems []string
-	dbs := map[string]database{}
+	dbs := map[string][]database{} // service → the databases it connects to, its main one first
 	healthchecked := map[string]bool{}
 	for _, s := range d.goServices() {
 		db, _ := d.databaseOf(s)
-		dbs[s.Name] = db
-		dbSvc, ok := d.project.Services[db.host]
-		if !ok || healthchecked[db.host] {
-			continue
+		dbs[s.Name] = []database{db}
+		if _, b, ok := binaryOf(s); ok && !isMigration(s) {
+			cfg, _ := config(s)
+			for _, c := range b.more {
+				u, err := url.Parse(cfg.value(s.Environment, c.dbVar))
+				if err != nil {
+					continue // checkDatabases reports it
+				}
+				if other := databaseOfURL(u); !slices.Contains(dbs[s.Name], other) {
+					dbs[s.Name] = append(dbs[s.Name], other)
+				}
+			}
 		}
-		healthchecked[db.host] = true
-		// Without a healthcheck service_healthy cannot be waited for, and
-		// "started" only means the container exists, not that PostgreSQL
-		// accepts connections.
-		if !hasHealthcheck(dbSvc) {
-			problems = append(problems, fmt.Sprintf("%q: has no healthcheck, so nothing can wait for it to accept connections", db.host))
+		for _, db := range dbs[s.Name] {
+			dbSvc, ok := d.project.Services[db.host]
+			if !ok || healthchecked[db.host] {
+				continue
+			}
+			healthchecked[db.host] = true
+			// Without a healthcheck service_healthy cannot be waited for, and
+			// "started" only means the container exists, not that PostgreSQL
+			// accepts connections.
+			if !hasHealthcheck(dbSvc) {
+				problems = append(problems, fmt.Sprintf("%q: has no healthcheck, so nothing can wait for it to accept connections", db.host))
+			}
 		}
 	}
 	for _, s := range d.goServices() {
 		if _, _, ok := binaryOf(s); !ok {
 			continue
 		}
-		db := dbs[s.Name]
 		if isMigration(s) {
+			db := dbs[s.Name][0]
 			if dep, ok := s.DependsOn[db.host]; !ok || dep.Condition != types.ServiceConditionHealthy {
 				problems = append(problems, fmt.Sprintf("%q: must depend on %q with condition %s, not %s", s.Name, db.host, types.ServiceConditionHealthy, cmp.Or(dep.Condition, "none")))
 			}
@@ -1105,16 +1613,19 @@ func checkStartOrder(d *deployment) []string {
 			continue
 		}
 		// A service started before its schema exists fails its first
-		// queries; the migration must have finished, not merely started.
-		migrated := false
-		for dep, cond := range s.DependsOn {
-			m, ok := d.project.Services[dep]
-			if ok && isMigration(m) && dbs[dep] == db && cond.Condition == types.ServiceConditionCompletedSuccessfully {
-				migrated = true
+		// queries, and one started before its role has a password cannot
+		// log in: the migration must have finished, not merely started.
+		for _, db := range dbs[s.Name] {
+			migrated := false
+			for dep, cond := range s.DependsOn {
+				m, ok := d.project.Services[dep]
+				if ok && isMigration(m) && len(dbs[dep]) > 0 && dbs[dep][0] == db && cond.Condition == types.ServiceConditionCompletedSuccessfully {
+					migrated = true
+				}
 			}
-		}
-		if !migrated {
-			problems = append(problems, fmt.Sprintf("%q: must depend on a migration of %s with condition %s", s.Name, db, types.ServiceConditionCompletedSuccessfully))
+			if !migrated {
+				problems = append(problems, fmt.Sprintf("%q: must depend on a migration of %s with condition %s", s.Name, db, types.ServiceConditionCompletedSuccessfully))
+			}
 		}
 	}
 	return problems
@@ -1312,17 +1823,19 @@ func checkCallers(d *deployment) []string {
 		if err != nil {
 			continue // checkEnvironment reports it
 		}
-		u, err := url.Parse(sc.UsersURL)
-		if err != nil {
-			continue // checkUsersURL reports it
-		}
 		// The token must be one the Users the sender calls accepts, not
-		// merely some Users of the project.
+		// merely some Users of the project: the one SENDER_USERS_URL
+		// names, or the one behind the lab it names (the lab passes the
+		// token on).
+		_, b, _ := binaryOf(s)
+		called := d.calledService(s, b.call("SENDER_USERS_URL"))
 		switch users, ok := accepted[string(sc.UsersToken)]; {
 		case sc.UsersToken == "":
 			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_TOKEN is not set: the sender refuses to start without it", s.Name))
-		case !ok || users != u.Hostname():
-			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_TOKEN is not among the tokens %q accepts (USERS_API_TOKENS): Users would refuse every delivery", s.Name, u.Hostname()))
+		case called == "":
+			// checkServiceURLs reports it
+		case !ok || users != called:
+			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_TOKEN is not among the tokens %q accepts (USERS_API_TOKENS): Users would refuse every delivery", s.Name, called))
 		}
 	}
 	return problems
@@ -1366,7 +1879,7 @@ func checkLogicalDecoding(d *deployment) []string {
 	for _, s := range d.servingGoServices() {
 		_, b, _ := binaryOf(s)
 		main, _ := d.databaseOf(s)
-		urls, _ := d.connectionsOf(s, main)
+		urls, _ := d.connectionsOf(s, main, nil)
 		for _, c := range b.more {
 			u := urls[c.dbVar]
 			if !c.replication || u == nil || seen[u.Hostname()] {
@@ -1596,16 +2109,21 @@ func checkObservabilityProfile(d *deployment) []string {
 	return problems
 }
 
-// checkTracing: every serving Go service exports its spans to the
-// profile's Jaeger, over OTLP/HTTP (the exporter the binaries have), and
-// services running different binaries have different names, so that one
-// trace shows the three processes apart. Without the profile the exports
-// fail, which the services log and otherwise ignore.
+// checkTracing: every serving Go service whose binary exports spans
+// (binary.traces) exports them to the profile's Jaeger, over OTLP/HTTP
+// (the exporter the binaries have), and services running different
+// binaries have different names, so that one trace shows the three
+// processes apart. Without the profile the exports fail, which the
+// services log and otherwise ignore. The lab exports none; checkEnvironment
+// refuses OTEL_ variables there, which would do nothing.
 func checkTracing(d *deployment) []string {
 	var problems []string
 	named := map[string]string{} // OTEL_SERVICE_NAME → the binary using it
 	for _, s := range d.servingGoServices() {
-		bin, _, _ := binaryOf(s)
+		bin, b, _ := binaryOf(s)
+		if !b.traces {
+			continue
+		}
 		env := getenvOf(s.Environment)
 		endpointVar := "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 		if env(endpointVar) == "" {
@@ -1668,21 +2186,33 @@ type scrapeConfig struct {
 const prometheusConfigFile = "/etc/prometheus/prometheus.yml"
 
 // checkScrapes: Prometheus scrapes exactly the admin listeners of the
-// serving Go services, at the ports their own config loaders say. A target
-// missing is a binary whose metrics no one sees; one too many is a target
-// down for ever, usually a port changed on one side only.
+// serving Go services whose binaries serve /metrics (binary.metrics), at
+// the ports their own config loaders say. A target missing is a binary
+// whose metrics no one sees; one too many is a target down for ever,
+// usually a port changed on one side only, or a listener with no /metrics
+// at all: the lab's page.
 func checkScrapes(d *deployment) []string {
 	var problems []string
-	want := map[string]string{} // "service:port" → the variable making it listen there
+	want := map[string]string{}    // "service:port" → the variable making it listen there
+	without := map[string]string{} // "service:port" of a listener serving no /metrics → why
 	for _, s := range d.servingGoServices() {
-		_, b, _ := binaryOf(s)
+		name, b, _ := binaryOf(s)
 		cfg, _ := config(s)
-		port, err := portOf(cfg.adminAddr)
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("%q: %s=%q: %v", s.Name, b.adminVar, cfg.adminAddr, err))
-			continue
+		for _, v := range b.listenVars() {
+			port, err := portOf(cfg.listens[v])
+			if err != nil {
+				continue // checkPorts reports it
+			}
+			target := net.JoinHostPort(s.Name, strconv.Itoa(int(port)))
+			switch {
+			case v == b.adminVar && b.metrics:
+				want[target] = fmt.Sprintf("%s=%q", v, cfg.listens[v])
+			case v == b.adminVar:
+				without[target] = fmt.Sprintf("%s=%q: %s serves no /metrics", v, cfg.listens[v], name)
+			default:
+				without[target] = fmt.Sprintf("%s=%q, not its admin listener", v, cfg.listens[v])
+			}
 		}
-		want[net.JoinHostPort(s.Name, strconv.Itoa(int(port)))] = fmt.Sprintf("%s=%q", b.adminVar, cfg.adminAddr)
 	}
 	for _, p := range d.servicesOf(observabilityServices["prometheus"]) {
 		inContainer := prometheusConfigFile
@@ -1725,7 +2255,12 @@ func checkScrapes(d *deployment) []string {
 			}
 		}
 		for _, target := range slices.Sorted(maps.Keys(got)) {
-			if _, ok := want[target]; !ok {
+			_, ok := want[target]
+			switch why, listening := without[target]; {
+			case ok:
+			case listening:
+				problems = append(problems, fmt.Sprintf("%q: job %q scrapes %s (%s)", p.Name, got[target], target, why))
+			default:
 				problems = append(problems, fmt.Sprintf("%q: job %q scrapes %s, which is no Go service's admin listener (those are %v)", p.Name, got[target], target, slices.Sorted(maps.Keys(want))))
 			}
 		}

@@ -9,7 +9,9 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +21,16 @@ import (
 
 const module = "github.com/outboxref/outboxref"
 
-// shippedBinaries are the packages the Dockerfile and make build build.
-var shippedBinaries = []string{"./services/student", "./services/users", "./outbox-sender"}
+// systemBinaries are the pattern's own binaries: the two services and the
+// sender, the system the e2e suite puts under test (and rebuilds with a
+// broken variant's code).
+var systemBinaries = []string{"./services/student", "./services/users", "./outbox-sender"}
+
+// shippedBinaries are the packages the Dockerfile builds (and make build,
+// which should build the same): the system's binaries and the fault lab,
+// which docker-compose.yml runs beside them and which watches the system
+// rather than being part of it.
+var shippedBinaries = append(slices.Clone(systemBinaries), "./lab")
 
 func goList(t *testing.T, args ...string) []string {
 	t.Helper()
@@ -63,20 +73,58 @@ func TestShippedBinariesImportNoScaffolding(t *testing.T) {
 	t.Parallel()
 	deps := goList(t, append([]string{"-deps"}, shippedBinaries...)...)
 	require.Contains(t, deps, module+"/internal/inbox", "go list -deps must list the binaries' own packages")
+	require.Contains(t, deps, module+"/lab/faultlab", "go list -deps must list every shipped binary's packages")
 	require.Empty(t, scaffolding(deps), "a shipped binary imports test or dev scaffolding")
 	require.Equal(t, []string{module + "/testkit/pgtest"}, scaffolding([]string{module + "/testkit/pgtest", module + "/internal/inbox"}),
 		"the check itself must catch a scaffolding import")
 }
 
+// TestShippedBinariesAreTheImagesBinaries: shippedBinaries are exactly
+// the packages the Dockerfile builds into its final image (read as
+// compose_test.go reads it) and those make build builds, so that a binary
+// added to either is checked for scaffolding too.
+func TestShippedBinariesAreTheImagesBinaries(t *testing.T) {
+	t.Parallel()
+	text, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
+	require.NoError(t, err)
+	img, err := parseDockerfile(string(text))
+	require.NoError(t, err)
+	var built []string
+	for _, pkg := range img.installed {
+		if !slices.Contains(built, pkg) {
+			built = append(built, pkg)
+		}
+	}
+	var want []string
+	for _, pkg := range shippedBinaries {
+		want = append(want, path.Clean(pkg))
+	}
+	require.ElementsMatch(t, want, built, "the Dockerfile's binaries")
+
+	makefile, err := os.ReadFile(filepath.Join(repoRoot, "Makefile"))
+	require.NoError(t, err)
+	var made []string
+	for line := range strings.SplitSeq(string(makefile), "\n") {
+		if strings.Contains(line, " build ") && strings.Contains(line, "-o bin/") {
+			for f := range strings.FieldsSeq(line) {
+				if strings.HasPrefix(f, "./") {
+					made = append(made, path.Clean(f))
+				}
+			}
+		}
+	}
+	require.ElementsMatch(t, want, made, "the binaries make build builds")
+}
+
 // TestNothingInInternalImportsABinary: internal/ holds what the binaries
-// share; an import from there into a service or the sender would run the
-// dependency graph backwards.
+// share; an import from there into a service, the sender or the lab would
+// run the dependency graph backwards.
 func TestNothingInInternalImportsABinary(t *testing.T) {
 	t.Parallel()
 	deps := goList(t, "-deps", "./internal/...")
 	require.Contains(t, deps, module+"/internal/httpapi")
 	for _, d := range deps {
-		require.False(t, strings.HasPrefix(d, module+"/services/") || strings.HasPrefix(d, module+"/outbox-sender"),
+		require.False(t, strings.HasPrefix(d, module+"/services/") || strings.HasPrefix(d, module+"/outbox-sender") || strings.HasPrefix(d, module+"/lab"),
 			"internal/ imports %s", d)
 	}
 }
