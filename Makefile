@@ -48,9 +48,9 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-## build: the three binaries into ./bin
+## build: the three binaries and the fault lab into ./bin
 build:
-	CGO_ENABLED=0 $(GO) build -o bin/ ./services/student ./services/users ./outbox-sender
+	CGO_ENABLED=0 $(GO) build -o bin/ ./services/student ./services/users ./outbox-sender ./lab
 
 ## ci: what .ci/run runs, in order
 ci: fmt-check vet lint check-generated test e2e

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/internal/envconfig"
+	"github.com/outboxref/outboxref/lab/faultlab"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/services/users/usersvc"
@@ -23,6 +24,7 @@ var configLoaders = map[string]func(func(string) string) *envconfig.Reader{
 	"student":       func(g func(string) string) *envconfig.Reader { _, r, _ := studentsvc.LoadConfig(g); return r },
 	"users":         func(g func(string) string) *envconfig.Reader { _, r, _ := usersvc.LoadConfig(g); return r },
 	"outbox-sender": func(g func(string) string) *envconfig.Reader { _, r, _ := sender.LoadConfig(g); return r },
+	"lab":           func(g func(string) string) *envconfig.Reader { _, r, _ := faultlab.LoadConfig(g); return r },
 }
 
 // readmeConfig reads the README's configuration tables: for each binary's
