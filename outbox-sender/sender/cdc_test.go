@@ -102,8 +102,10 @@ func TestStreamDeliversWithoutPolling(t *testing.T) {
 	eventually(t, "the slot is confirmed past the delivered rows", func() bool {
 		return slotConfirmed(t, pool, cfg.CDCSlot) > before
 	})
-	require.Equal(t, 20, results(r.metrics, "delivered"))
+	// The counter moves after the recording commits: read it once the
+	// sender has stopped, when every recording is done.
 	r.wait(t)
+	require.Equal(t, 20, results(r.metrics, "delivered"))
 }
 
 // TestStreamedRetriesGoThroughTheTable: a streamed row that fails is
