@@ -93,21 +93,8 @@ func startLab(t *testing.T, kv ...string) (page, proxy string) {
 	pageAddr, proxyAddr := apitest.FreeAddr(t), apitest.FreeAddr(t)
 	base := []string{"LAB_HTTP_ADDR", pageAddr, "LAB_PROXY_ADDR", proxyAddr, "LOG_LEVEL", "warn"}
 	env := apitest.Env(append(base, kv...)...)
-	var logs lockedBuffer
-	apitest.RunUntilReady(t, "http://"+pageAddr+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
+	apitest.RunUntilReady(t, "http://"+pageAddr+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &apitest.Logs{}) })
 	return "http://" + pageAddr, "http://" + proxyAddr
-}
-
-// lockedBuffer takes the log lines of a server under test.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
 }
 
 // deliver sends one delivery through the proxy as the sender would, and
@@ -279,7 +266,7 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 	studentEnv := apitest.Env("STUDENT_DATABASE_URL", pgtest.RoleURL(t, studentDB, migrations.StudentApp),
 		"STUDENT_HTTP_ADDR", studentAddr, "STUDENT_ADMIN_ADDR", studentAdmin, "LOG_LEVEL", "warn")
 	apitest.RunUntilReady(t, "http://"+studentAdmin+"/readyz", func(ctx context.Context) error {
-		return studentsvc.Run(ctx, nil, studentEnv, &lockedBuffer{})
+		return studentsvc.Run(ctx, nil, studentEnv, &apitest.Logs{})
 	})
 	// The sender's admin API, on its own role, without a delivery loop:
 	// the rows stay where the test puts them.
