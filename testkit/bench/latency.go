@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -79,6 +80,42 @@ type latencyResult struct {
 	// sent: with the cdc source, rows the stream did not claim, left to
 	// the poll until they were that old.
 	late int
+	// tail is where the slowest 1% spent their time; nil when the server
+	// does not track commit timestamps.
+	tail *tailStages
+	// claimRows and recordRows are the mean rows per claim and per
+	// recording transaction over the run (system.batchSizes).
+	claimRows, recordRows float64
+}
+
+// tailStages splits the latency of the slowest 1% of a run (those at or
+// above its p99) into the four legs a student travels, each the median
+// over those students, so that a missed goal says where to look:
+//   - toStudent: the client's scheduled send to the start of Student's
+//     transaction (the load generator, HTTP, Student's pool);
+//   - toClaim: that start to the sender's claim of the row (Student's
+//     commit, the sender's wake-up or poll, a free slot, the claim query);
+//   - toUsers: the claim to the start of Users' transaction for the key
+//     (the claim's answer, a free worker, the request to Users);
+//   - inUsers: Users' transaction, start to commit;
+//   - toLink: Users' commit to the commit that linked the student (the
+//     answer back, the wait for a recorder, the recording).
+//
+// seconds is in how many distinct seconds of the run those students were
+// sent: few means a stall that caught everyone at once, many a tail spread
+// through the run. retried counts those delivered on a second attempt or
+// later.
+type tailStages struct {
+	toStudent, toClaim, toUsers, inUsers, toLink time.Duration
+	seconds, retried                             int
+}
+
+func (t *tailStages) String() string {
+	if t == nil {
+		return ""
+	}
+	return fmt.Sprintf("slowest 1%%, medians: to Student %s, to claim %s, to Users %s, in Users %s, to link %s; sent in %d distinct seconds; %d retried",
+		ms(t.toStudent), ms(t.toClaim), ms(t.toUsers), ms(t.inUsers), ms(t.toLink), t.seconds, t.retried)
 }
 
 // cdcGrace is the sender's shipped SENDER_CDC_GRACE.
@@ -142,6 +179,10 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	if _, err := waitLinked(ctx, d.studentAdmin, int(sent.Load()), 60*time.Second, sys.alive); err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
 	}
+	claimRows, recordRows, err := sys.batchSizes(ctx)
+	if err != nil {
+		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
+	}
 	slotLag, err := lagMax()
 	if err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
@@ -189,7 +230,13 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	}
 	slices.Sort(lat)
 	late := len(lat) - sort.Search(len(lat), func(i int) bool { return lat[i] >= cdcGrace })
-	res := latencyResult{p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99), students: len(lat), slotLagMax: slotLag, serverCPU: serverPct, late: late}
+	res := latencyResult{p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99), students: len(lat), slotLagMax: slotLag, serverCPU: serverPct, late: late,
+		claimRows: claimRows, recordRows: recordRows}
+	if b.commitTimes {
+		if res.tail, err = tailOf(ctx, d, scheduled, res.p99); err != nil {
+			return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
+		}
+	}
 	if after != nil {
 		if err := after(sys); err != nil {
 			return res, err
@@ -244,6 +291,98 @@ func sampleSlotLag(ctx context.Context, pool *pgxpool.Pool, slot string, every t
 		<-done
 		return most, err
 	}
+}
+
+// tailOf measures the legs of the students whose creation-to-link latency
+// is at least p99 (tailStages). The legs' ends are the start of Student's
+// transaction (students.created_at), the start and the commit of Users'
+// (the inbox row's created_at and its last writer's commit: a replay
+// would move that later, and is rare at a steady rate) and the commit that
+// linked the student. The claim's time is its lease's end (available_at)
+// less the shipped SENDER_LEASE: the last claim set it, and nothing after.
+func tailOf(ctx context.Context, d *databases, scheduled map[uuid.UUID]time.Time, p99 time.Duration) (*tailStages, error) {
+	type legs struct {
+		sent, studentBegan, claimed, usersBegan, usersCommitted, linked time.Time
+		attempts                                                        int
+	}
+	byKey := map[string]*legs{}
+	keys := []string{}
+	rows, err := d.studentAdmin.Query(ctx, `
+		SELECT s.id, o.idempotency_key::text, s.created_at, o.available_at - $2::interval, o.attempts,
+		       pg_xact_commit_timestamp(o.xmin)
+		FROM outbox o JOIN students s ON s.id = o.student_id
+		WHERE o.student_id = ANY($1) AND o.delivered_at IS NOT NULL`, slices.Collect(maps.Keys(scheduled)), senderLease)
+	if err != nil {
+		return nil, fmt.Errorf("tail legs: %w", err)
+	}
+	for rows.Next() {
+		var (
+			id  uuid.UUID
+			key string
+			l   legs
+		)
+		if err := rows.Scan(&id, &key, &l.studentBegan, &l.claimed, &l.attempts, &l.linked); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("tail legs: %w", err)
+		}
+		l.sent = scheduled[id]
+		if l.linked.Sub(l.sent) >= p99 {
+			byKey[key] = &l
+			keys = append(keys, key)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("tail legs: %w", err)
+	}
+	rows, err = d.usersAdmin.Query(ctx,
+		"SELECT idempotency_key, created_at, pg_xact_commit_timestamp(xmin) FROM inbox WHERE caller = $1 AND idempotency_key = ANY($2)",
+		senderCaller, keys)
+	if err != nil {
+		return nil, fmt.Errorf("tail legs in Users: %w", err)
+	}
+	for rows.Next() {
+		var (
+			key           string
+			began, commit time.Time
+		)
+		if err := rows.Scan(&key, &began, &commit); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("tail legs in Users: %w", err)
+		}
+		if l := byKey[key]; l != nil {
+			l.usersBegan, l.usersCommitted = began, commit
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("tail legs in Users: %w", err)
+	}
+	var toStudent, toClaim, toUsers, inUsers, toLink []time.Duration
+	seconds, retried := map[int64]bool{}, 0
+	for key, l := range byKey {
+		if l.usersBegan.IsZero() {
+			return nil, fmt.Errorf("tail legs: key %s is linked but Users has no inbox row for it", key)
+		}
+		toStudent = append(toStudent, l.studentBegan.Sub(l.sent))
+		toClaim = append(toClaim, l.claimed.Sub(l.studentBegan))
+		toUsers = append(toUsers, l.usersBegan.Sub(l.claimed))
+		inUsers = append(inUsers, l.usersCommitted.Sub(l.usersBegan))
+		toLink = append(toLink, l.linked.Sub(l.usersCommitted))
+		seconds[l.sent.Unix()] = true
+		if l.attempts > 1 {
+			retried++
+		}
+	}
+	if len(byKey) == 0 {
+		return nil, errors.New("tail legs: no student at or above p99")
+	}
+	mid := func(ds []time.Duration) time.Duration {
+		slices.Sort(ds)
+		return percentile(ds, 50)
+	}
+	return &tailStages{toStudent: mid(toStudent), toClaim: mid(toClaim), toUsers: mid(toUsers), inUsers: mid(inUsers), toLink: mid(toLink),
+		seconds: len(seconds), retried: retried}, nil
 }
 
 // percentile is the nearest-rank percentile of sorted.

@@ -320,6 +320,10 @@ func (b *bench) measure(ctx context.Context, o options) error {
 				}
 				b.printf("%s  latency at %.0f/s%s: p50 %s  p90 %s  p99 %s  (%d students)%s\n",
 					tag, rate, tagFor(src), ms(res.p50), ms(res.p90), ms(res.p99), res.students, lag)
+				b.printf("%s    rows per claim %.1f, per recording %.1f; PostgreSQL CPU %s\n", tag, res.claimRows, res.recordRows, pct(res.serverCPU))
+				if res.tail != nil {
+					b.printf("%s    %s\n", tag, res.tail)
+				}
 			}
 		}
 	}

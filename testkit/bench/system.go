@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -421,6 +425,62 @@ func (s *system) waitStreaming(ctx context.Context) error {
 		case <-time.After(25 * time.Millisecond):
 		}
 	}
+}
+
+// batchSizes reads from the sender's /metrics how many rows its claims
+// and its recording transactions carried on average so far
+// (outbox_sender_claim_size_rows, outbox_sender_record_size_rows): with
+// one or two, every row pays for a claim and a commit of its own.
+func (s *system) batchSizes(ctx context.Context) (claim, record float64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.admAddr+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("sender's metrics: %w", err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("sender's metrics: %s", res.Status)
+	}
+	means, err := histogramMeans(res.Body, "outbox_sender_claim_size_rows", "outbox_sender_record_size_rows")
+	if err != nil {
+		return 0, 0, fmt.Errorf("sender's metrics: %w", err)
+	}
+	return means[0], means[1], nil
+}
+
+// histogramMeans reads Prometheus' text format and returns each named
+// histogram's mean (its _sum over its _count; 0 before any observation).
+// A histogram missing from the text is an error: a renamed metric must not
+// read as zero.
+func histogramMeans(r io.Reader, names ...string) ([]float64, error) {
+	v := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(value, 64); err == nil {
+			v[name] = f
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(names))
+	for i, h := range names {
+		n, ok := v[h+"_count"]
+		if !ok {
+			return nil, fmt.Errorf("no histogram %s", h)
+		}
+		if n > 0 {
+			out[i] = v[h+"_sum"] / n
+		}
+	}
+	return out, nil
 }
 
 func (s *system) running() []*proc {
