@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -89,7 +88,7 @@ type latencyResult struct {
 }
 
 // tailStages splits the latency of the slowest 1% of a run (those at or
-// above its p99) into the four legs a student travels, each the median
+// above its p99) into the five legs a student travels, each the median
 // over those students, so that a missed goal says where to look:
 //   - toStudent: the client's scheduled send to the start of Student's
 //     transaction (the load generator, HTTP, Student's pool);
@@ -104,16 +103,15 @@ type latencyResult struct {
 // seconds is in how many distinct seconds of the run those students were
 // sent: few means a stall that caught everyone at once, many a tail spread
 // through the run. retried counts those delivered on a second attempt or
-// later.
+// later: for them the Users legs are those of the first attempt that
+// reached Users, so to Users may be negative and in Users run on to the
+// replay.
 type tailStages struct {
 	toStudent, toClaim, toUsers, inUsers, toLink time.Duration
 	seconds, retried                             int
 }
 
 func (t *tailStages) String() string {
-	if t == nil {
-		return ""
-	}
 	return fmt.Sprintf("slowest 1%%, medians: to Student %s, to claim %s, to Users %s, in Users %s, to link %s; sent in %d distinct seconds; %d retried",
 		ms(t.toStudent), ms(t.toClaim), ms(t.toUsers), ms(t.inUsers), ms(t.toLink), t.seconds, t.retried)
 }
@@ -233,7 +231,7 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	res := latencyResult{p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99), students: len(lat), slotLagMax: slotLag, serverCPU: serverPct, late: late,
 		claimRows: claimRows, recordRows: recordRows}
 	if b.commitTimes {
-		if res.tail, err = tailOf(ctx, d, scheduled, res.p99); err != nil {
+		if res.tail, err = tailOf(ctx, d, ids, scheduled, res.p99); err != nil {
 			return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
 		}
 	}
@@ -300,7 +298,7 @@ func sampleSlotLag(ctx context.Context, pool *pgxpool.Pool, slot string, every t
 // would move that later, and is rare at a steady rate) and the commit that
 // linked the student. The claim's time is its lease's end (available_at)
 // less the shipped SENDER_LEASE: the last claim set it, and nothing after.
-func tailOf(ctx context.Context, d *databases, scheduled map[uuid.UUID]time.Time, p99 time.Duration) (*tailStages, error) {
+func tailOf(ctx context.Context, d *databases, ids []uuid.UUID, scheduled map[uuid.UUID]time.Time, p99 time.Duration) (*tailStages, error) {
 	type legs struct {
 		sent, studentBegan, claimed, usersBegan, usersCommitted, linked time.Time
 		attempts                                                        int
@@ -311,7 +309,7 @@ func tailOf(ctx context.Context, d *databases, scheduled map[uuid.UUID]time.Time
 		SELECT s.id, o.idempotency_key::text, s.created_at, o.available_at - $2::interval, o.attempts,
 		       pg_xact_commit_timestamp(o.xmin)
 		FROM outbox o JOIN students s ON s.id = o.student_id
-		WHERE o.student_id = ANY($1) AND o.delivered_at IS NOT NULL`, slices.Collect(maps.Keys(scheduled)), senderLease)
+		WHERE o.student_id = ANY($1) AND o.delivered_at IS NOT NULL`, ids, senderLease)
 	if err != nil {
 		return nil, fmt.Errorf("tail legs: %w", err)
 	}

@@ -434,7 +434,7 @@ func (s *system) waitStreaming(ctx context.Context) error {
 func (s *system) batchSizes(ctx context.Context) (claim, record float64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.admAddr+"/metrics", nil)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("sender's metrics: %w", err)
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
