@@ -31,10 +31,12 @@ var page []byte
 
 // Limits of the controls.
 const (
-	maxCreate       = 1000
-	createWorkers   = 8
-	createTimeout   = 10 * time.Second // one student
-	createDeadline  = time.Minute      // one click's students, all of them
+	maxCreate     = 1000
+	createWorkers = 8
+	createTimeout = 10 * time.Second // one student
+	// One click's students, all of them; shorter than the server's write
+	// timeout, so that the page hears how many were created.
+	createDeadline  = httpapi.WriteTimeout - 5*time.Second
 	deadLetterPage  = 50
 	upstreamTimeout = 5 * time.Second
 	maxUpstreamBody = 1 << 20
@@ -268,7 +270,7 @@ func (a *API) faultHandler(w http.ResponseWriter, r *http.Request) error {
 		if in.MS == nil || *in.MS < 0 || *in.MS > int(maxLatency/time.Millisecond) {
 			return httpapi.Field("ms", fmt.Sprintf("required: milliseconds from 0 (off) to %d", maxLatency.Milliseconds()))
 		}
-		f, err = a.proxy.SetLatency(time.Duration(*in.MS) * time.Millisecond)
+		f = a.proxy.SetLatency(time.Duration(*in.MS) * time.Millisecond)
 	case "unavailable":
 		var in struct {
 			Seconds *int `json:"seconds"`
@@ -281,7 +283,8 @@ func (a *API) faultHandler(w http.ResponseWriter, r *http.Request) error {
 		}
 		f = a.proxy.SetUnavailable(time.Duration(*in.Seconds) * time.Second)
 	default:
-		return httpapi.NotFound("fault " + strconv.Quote(fault) + "; the faults are drop-answers, latency, cut, unavailable and reject")
+		return httpapi.NewProblem(httpapi.TypeNotFound,
+			"no fault "+strconv.Quote(fault)+"; the faults are drop-answers, latency, cut, unavailable and reject")
 	}
 	if err != nil {
 		return proxyFailed(err)

@@ -35,7 +35,10 @@ type Config struct {
 	LogLevel string // LOG_LEVEL
 }
 
-// LoadConfig reads Config through getenv. The Reader it returns lists the
+// LoadConfig reads Config through getenv. Both listeners default to
+// loopback: the page's controls have no login, and the proxy counts
+// whatever passes as a delivery. Compose, where the sender and the browser
+// come from outside the container, sets them to all interfaces. The Reader it returns lists the
 // variables read, for the test that checks docker-compose.yml.
 func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e := envconfig.New(getenv)
@@ -44,8 +47,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	usersDB, _ := e.DatabaseLogin("LAB_USERS_DATABASE_URL",
 		"postgres://"+migrations.LabReader+"@localhost:5432/users?sslmode=disable", "LAB_USERS_DATABASE_PASSWORD")
 	c := Config{
-		HTTPAddr:  e.String("LAB_HTTP_ADDR", ":8084"),
-		ProxyAddr: e.String("LAB_PROXY_ADDR", ":8083"),
+		HTTPAddr:  e.String("LAB_HTTP_ADDR", "127.0.0.1:8084"),
+		ProxyAddr: e.String("LAB_PROXY_ADDR", "127.0.0.1:8083"),
 		UsersURL:  e.URL("LAB_USERS_URL", "http://localhost:8081", "http", "https"),
 
 		StudentURL:      e.URL("LAB_STUDENT_URL", "http://localhost:8080", "http", "https"),

@@ -30,8 +30,8 @@ func TestConfigDefaultsAndBadValues(t *testing.T) {
 	t.Parallel()
 	cfg, _, err := LoadConfig(apitest.Env())
 	require.NoError(t, err)
-	require.Equal(t, ":8084", cfg.HTTPAddr)
-	require.Equal(t, ":8083", cfg.ProxyAddr)
+	require.Equal(t, "127.0.0.1:8084", cfg.HTTPAddr, "the controls have no login: loopback unless told")
+	require.Equal(t, "127.0.0.1:8083", cfg.ProxyAddr)
 	require.Equal(t, "http://localhost:8081", cfg.UsersURL)
 	require.Equal(t, "postgres://lab_reader@localhost:5432/student?sslmode=disable", cfg.StudentDatabaseURL)
 	require.Equal(t, "postgres://lab_reader@localhost:5432/users?sslmode=disable", cfg.UsersDatabaseURL)
@@ -380,6 +380,27 @@ func TestAbandonedRequest(t *testing.T) {
 	require.Equal(t, "late", st.Deliveries[0].Key)
 	require.True(t, st.Deliveries[0].Delayed)
 	require.False(t, st.Deliveries[1].Delayed)
+
+	// An answer held back past the sender's timeout is abandoned, with
+	// Users' status: Users acted, the sender never heard.
+	require.Equal(t, http.StatusOK, post(t, page+"/api/faults/latency", `{"ms":2000}`).Status)
+	_, err = deliverWithin(t, proxy, "gave-up", 1, 200*time.Millisecond)
+	require.Error(t, err)
+	require.Eventually(t, func() bool { st = state(t, page); return st.Deliveries[0].Key == "gave-up" }, 3*time.Second, 50*time.Millisecond)
+	require.Equal(t, "abandoned", st.Deliveries[0].Fault)
+	require.Equal(t, http.StatusCreated, st.Deliveries[0].Status)
+	require.True(t, st.Deliveries[0].Delayed)
+
+	// An abandoned key may have been acted on, so a refusal in Users'
+	// place spares it, as it spares answered ones.
+	require.Equal(t, http.StatusOK, post(t, page+"/api/faults/latency", `{"ms":0}`).Status)
+	require.Equal(t, http.StatusOK, post(t, page+"/api/faults/reject", `{"on":true}`).Status)
+	status, err = deliver(t, proxy, "slow", 2)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status, "the abandoned key reaches Users")
+	status, err = deliver(t, proxy, "never-seen", 1)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, status, "a new key is refused")
 }
 
 // TestOnlyLoopbackAndAllowedHosts: the controls have no login, so the lab

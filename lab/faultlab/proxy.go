@@ -1,13 +1,12 @@
 package faultlab
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -27,11 +26,14 @@ import (
 //
 //	sender ──► Toxiproxy (LAB_PROXY_ADDR) ──► answer faults (127.0.0.1) ──► Users
 //
-// Toxiproxy breaks the connection itself: it adds latency to every answer,
-// or it cuts, closing the connections and refusing new ones. Faults that
-// need to understand HTTP live in a small reverse proxy behind it: answering
-// 503 or 400 in Users' place, and dropping Users' answer after Users has
+// Toxiproxy breaks the connection itself: it cuts, closing the connections
+// and refusing new ones. Faults that need to understand HTTP live in a
+// small reverse proxy behind it: answering 503 or 400 in Users' place,
+// holding Users' answer back (latency), and dropping it after Users has
 // done the work. That proxy also records each delivery for the timeline.
+// Latency lives there rather than in a Toxiproxy toxic so that the
+// timeline can tell an answer the sender waited for from one it gave up
+// on: a toxic delays bytes the proxy has already handed over.
 
 // timelineSize is how many deliveries the page shows.
 const timelineSize = 50
@@ -94,7 +96,7 @@ type Delivery struct {
 	Attempt  int       `json:"attempt"`  // from the sender's X-Request-Id (key/attempt); 0 if absent
 	Status   int       `json:"status"`   // Users' answer (dropped or not), or the lab's in Users' place
 	Replayed bool      `json:"replayed"` // Users answered from its inbox
-	Delayed  bool      `json:"delayed"`  // latency was on when the request came
+	Delayed  bool      `json:"delayed"`  // Users' answer was held back (latency)
 	Fault    string    `json:"fault"`    // "", "dropped", "unavailable", "rejected" or "abandoned"
 }
 
@@ -141,9 +143,6 @@ type Proxy struct {
 // errDropped makes the reverse proxy throw Users' answer away.
 var errDropped = errors.New("answer dropped by the fault lab")
 
-// latencyToxic is the name of the one latency toxic.
-const latencyToxic = "latency"
-
 // NewProxy readies the proxy to users; Run starts it.
 func NewProxy(ctx context.Context, log *slog.Logger, listen string, users *url.URL) (*Proxy, error) {
 	p := &Proxy{log: log, now: time.Now, timeline: make([]Delivery, 0, timelineSize), acted: map[string]bool{}}
@@ -174,13 +173,17 @@ func NewProxy(ctx context.Context, log *slog.Logger, listen string, users *url.U
 // the lab starts or stops finds Toxiproxy in a known state.
 func (p *Proxy) Run(ctx context.Context) error {
 	p.mu.Lock()
-	err := p.toxi.Start()
+	var err error
+	if !p.cut { // a cut clicked before Run listens at the heal
+		err = p.toxi.Start()
+	}
+	addr := p.toxi.Listen // Start rewrites it with the port it got
 	p.mu.Unlock()
 	if err != nil {
 		_ = p.inner.Close()
 		return fmt.Errorf("listen: %w", err)
 	}
-	p.log.Info("fault proxy listening", slog.String("addr", p.toxi.Listen))
+	p.log.Info("fault proxy listening", slog.String("addr", addr))
 	<-ctx.Done()
 	p.mu.Lock()
 	p.toxi.Stop()
@@ -268,37 +271,13 @@ func (p *Proxy) SetUnavailable(d time.Duration) Faults {
 	return p.changed()
 }
 
-// SetLatency delays every answer by d, with a tenth of it as jitter (0
-// turns it off).
-func (p *Proxy) SetLatency(d time.Duration) (Faults, error) {
+// SetLatency holds every answer of Users back by d, give or take a tenth
+// (0 turns it off).
+func (p *Proxy) SetLatency(d time.Duration) Faults {
 	p.mu.Lock()
-	err := p.setLatency(d)
-	p.mu.Unlock()
-	return p.changed(), err
-}
-
-func (p *Proxy) setLatency(d time.Duration) error {
-	if p.latency > 0 {
-		if err := p.toxi.Toxics.RemoveToxic(context.Background(), latencyToxic); err != nil {
-			return fmt.Errorf("remove latency: %w", err)
-		}
-		p.latency = 0
-	}
-	if d <= 0 {
-		return nil
-	}
-	body, err := json.Marshal(map[string]any{
-		"name": latencyToxic, "type": "latency", "stream": "downstream", "toxicity": 1.0,
-		"attributes": map[string]any{"latency": d.Milliseconds(), "jitter": d.Milliseconds() / 10},
-	})
-	if err != nil {
-		return err
-	}
-	if _, err := p.toxi.Toxics.AddToxicJson(bytes.NewReader(body)); err != nil {
-		return fmt.Errorf("add latency: %w", err)
-	}
 	p.latency = d
-	return nil
+	p.mu.Unlock()
+	return p.changed()
 }
 
 // SetCut closes every connection and refuses new ones, or listens again.
@@ -315,7 +294,7 @@ func (p *Proxy) setCut(on bool) error {
 	}
 	if !on && p.cut && !p.stopped {
 		// Toxiproxy keeps the port it had, so the sender finds it again.
-		if err := p.toxi.Start(); err != nil {
+		if err := p.toxi.Start(); err != nil && !errors.Is(err, toxiproxy.ErrProxyAlreadyStarted) {
 			return fmt.Errorf("listen again: %w", err)
 		}
 	}
@@ -327,7 +306,8 @@ func (p *Proxy) setCut(on bool) error {
 func (p *Proxy) Heal() (Faults, error) {
 	p.mu.Lock()
 	p.dropAnswers, p.reject, p.unavailableUntil = false, false, time.Time{}
-	err := errors.Join(p.setLatency(0), p.setCut(false))
+	p.latency = 0
+	err := p.setCut(false)
 	p.mu.Unlock()
 	return p.changed(), err
 }
@@ -347,7 +327,6 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.counters.Requests++
 	f := p.faultsLocked()
-	d.Delayed = f.LatencyMS > 0
 	// A key Users has acted on is answered from its inbox, never refused:
 	// a refusal in Users' place would dead-letter a row whose user exists,
 	// which real Users cannot do. Such a request passes.
@@ -390,7 +369,7 @@ func (p *Proxy) answered(resp *http.Response) error {
 	if resp.StatusCode/100 == 2 {
 		p.rememberLocked(d.Key)
 	}
-	drop := p.dropAnswers
+	drop, latency := p.dropAnswers, p.latency
 	if drop {
 		p.counters.Dropped++
 	}
@@ -398,6 +377,19 @@ func (p *Proxy) answered(resp *http.Response) error {
 	if drop {
 		d.Fault = faultDropped
 		return errDropped
+	}
+	if latency > 0 {
+		d.Delayed = true
+		// The sender may give up meanwhile (its request timeout): its
+		// connection closes, the request's context ends, and failed
+		// records the answer as abandoned.
+		t := time.NewTimer(latency - latency/10 + rand.N(latency/5+1))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-resp.Request.Context().Done():
+			return resp.Request.Context().Err()
+		}
 	}
 	p.record(*d)
 	return nil
@@ -429,8 +421,14 @@ func (p *Proxy) failed(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil && !errors.Is(err, errDropped) {
 		// The sender hung up (its timeout) or the cut closed the
 		// connection: nobody is waiting for an answer, and Users may or may
-		// not have acted. Not Users' failure, so not a warning.
+		// not have acted. Not Users' failure, so not a warning. Its key is
+		// remembered as acted on: if Users did act, a refusal in Users'
+		// place would dead-letter a row whose user exists; if it did not,
+		// letting the key through costs nothing.
 		d.Fault = faultAbandoned
+		p.mu.Lock()
+		p.rememberLocked(d.Key)
+		p.mu.Unlock()
 		p.record(*d)
 		p.log.Debug("request abandoned before Users answered", slog.String("key", d.Key), slog.String("error", err.Error()))
 		return

@@ -139,7 +139,7 @@ func (o *Observer) read(ctx context.Context) State {
 		st.Counts, st.Checker, st.Problems, st.Known = o.last.Counts, o.last.Checker, o.last.Problems, o.last.Known
 		since := "never read"
 		if !o.last.read.IsZero() {
-			since = "as read at " + o.last.read.Format("15:04:05")
+			since = "as read at " + o.last.read.Format("15:04:05") + " UTC"
 		}
 		st.read = o.last.read
 		st.Errors = append(st.Errors, "cannot read the databases (the lab's log says why); the figures are "+since)
