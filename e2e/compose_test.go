@@ -534,6 +534,8 @@ secrets:
 			`"student": listens on 9190 (STUDENT_ADMIN_ADDR), which is not in the Dockerfile's EXPOSE`,
 			`"lab": publishes its admin port 8084 (LAB_HTTP_ADDR) on every interface`,
 			`"lab": publishes port 8083 (LAB_PROXY_ADDR), which only other services call, over the compose network`,
+			`"lab-2": LAB_HTTP_ADDR="127.0.0.1:8084" listens on loopback inside its container, where nothing else can reach it: listen on ":8084"`,
+			`"lab-2": LAB_PROXY_ADDR="127.0.0.1:8083" listens on loopback inside its container`,
 		},
 		"database URLs": {
 			`"student-migrate": STUDENT_MIGRATE_DATABASE_URL names database "students", but student-db's POSTGRES_DB is "student"`,
@@ -672,8 +674,8 @@ services:
       - `+promFile+`:/etc/prometheus/prometheus.yml:ro
 `), types.Mapping{})
 		got := strings.Join(checkScrapes(d), "\n")
-		require.Contains(t, got, `"prometheus": job "lab" scrapes lab:8084 (LAB_HTTP_ADDR=":8084": lab serves no /metrics)`)
-		require.Contains(t, got, `"prometheus": job "lab" scrapes lab:8083 (LAB_PROXY_ADDR=":8083", not its admin listener)`)
+		require.Contains(t, got, `"prometheus": job "lab" scrapes lab:8084 (LAB_HTTP_ADDR="127.0.0.1:8084": lab serves no /metrics)`)
+		require.Contains(t, got, `"prometheus": job "lab" scrapes lab:8083 (LAB_PROXY_ADDR="127.0.0.1:8083", not its admin listener)`)
 		require.NotContains(t, got, "does not scrape")
 	})
 	// The header of docker-compose.yml says a deployment without the lab
@@ -1019,7 +1021,8 @@ func checkEnvironment(d *deployment) []string {
 }
 
 // checkPorts: every published container port is one the binary listens
-// on, and every port it listens on, published or not, is in the image's
+// on, no listener is bound to the container's loopback, and every port it
+// listens on, published or not, is in the image's
 // EXPOSE (the list of what the image serves). An admin port (metrics, the
 // sender's redrive, the lab's page) has no authentication, so it is
 // published on the loopback interface only; a listener only other
@@ -1053,6 +1056,11 @@ func checkPorts(d *deployment) []string {
 			if other, taken := listens[port]; taken {
 				problems = append(problems, fmt.Sprintf("%q: %s=%q and %s=%q both listen on %d", s.Name, other, cfg.listens[other], v, addr, port))
 				bad = true
+			}
+			// Inside a container, loopback is the container's own: neither a
+			// published port nor another service reaches it.
+			if host, _, _ := net.SplitHostPort(addr); host == "localhost" || net.ParseIP(host).IsLoopback() {
+				problems = append(problems, fmt.Sprintf("%q: %s=%q listens on loopback inside its container, where nothing else can reach it: listen on \":%d\"", s.Name, v, addr, port))
 			}
 			listens[port] = v
 			desc = append(desc, fmt.Sprintf("%s=%q listens on %d", v, addr, port))
