@@ -38,8 +38,9 @@ type Config struct {
 // LoadConfig reads Config through getenv. Both listeners default to
 // loopback: the page's controls have no login, and the proxy counts
 // whatever passes as a delivery. Compose, where the sender and the browser
-// come from outside the container, sets them to all interfaces. The Reader it returns lists the
-// variables read, for the test that checks docker-compose.yml.
+// come from outside the container, sets them to all interfaces. The Reader
+// it returns lists the variables read, for the test that checks
+// docker-compose.yml.
 func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e := envconfig.New(getenv)
 	studentDB, _ := e.DatabaseLogin("LAB_STUDENT_DATABASE_URL",

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"fmt"
@@ -9,13 +8,14 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/database"
@@ -456,28 +456,25 @@ func (s *system) batchSizes(ctx context.Context) (claim, record float64, err err
 // A histogram missing from the text is an error: a renamed metric must not
 // read as zero.
 func histogramMeans(r io.Reader, names ...string) ([]float64, error) {
-	v := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") {
-			continue
-		}
-		if f, err := strconv.ParseFloat(value, 64); err == nil {
-			v[name] = f
-		}
-	}
-	if err := sc.Err(); err != nil {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
 		return nil, err
 	}
 	out := make([]float64, len(names))
-	for i, h := range names {
-		n, ok := v[h+"_count"]
-		if !ok {
-			return nil, fmt.Errorf("no histogram %s", h)
+	for i, name := range names {
+		f, ok := families[name]
+		if !ok || f.GetType() != dto.MetricType_HISTOGRAM || len(f.GetMetric()) == 0 {
+			return nil, fmt.Errorf("no histogram %s", name)
 		}
-		if n > 0 {
-			out[i] = v[h+"_sum"] / n
+		var sum float64
+		var count uint64
+		for _, m := range f.GetMetric() {
+			sum += m.GetHistogram().GetSampleSum()
+			count += m.GetHistogram().GetSampleCount()
+		}
+		if count > 0 {
+			out[i] = sum / float64(count)
 		}
 	}
 	return out, nil

@@ -15,6 +15,8 @@ outbox_sender_claim_size_rows_bucket{le="1"} 2
 outbox_sender_claim_size_rows_bucket{le="+Inf"} 4
 outbox_sender_claim_size_rows_sum 30
 outbox_sender_claim_size_rows_count 4
+# TYPE outbox_sender_record_size_rows histogram
+outbox_sender_record_size_rows_bucket{le="+Inf"} 0
 outbox_sender_record_size_rows_sum 0
 outbox_sender_record_size_rows_count 0
 `
