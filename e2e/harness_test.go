@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/invariant"
+	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -258,10 +258,10 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 		s.senderDBProxy, s.senderDBURL = newDBProxy(t, s.dir, "sender-db", s.studentURL)
 	}
 
-	s.usersAddr = freeAddr(t)
+	s.usersAddr = apitest.FreeAddr(t)
 	// Admin listeners on free ports too: their defaults (:8090, :8091)
 	// would collide between scenarios and with whatever else runs here.
-	s.usersAdmin = freeAddr(t)
+	s.usersAdmin = apitest.FreeAddr(t)
 	s.users = s.newProc("users", bins.users, "http://"+s.usersAddr+"/readyz",
 		"USERS_HTTP_ADDR="+s.usersAddr, "USERS_ADMIN_ADDR="+s.usersAdmin, "USERS_INBOX_RETENTION=168h", "LOG_LEVEL=info",
 		"USERS_DATABASE_URL="+asRole(t, usersDBURL, migrations.UsersApp),
@@ -288,8 +288,8 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 		s.note("answers from Users delayed %s ± %s throughout (latency toxic, downstream)", def.opts.latency, def.opts.latency/2)
 	}
 
-	s.studentAddr = freeAddr(t)
-	s.studentAdmin = freeAddr(t)
+	s.studentAddr = apitest.FreeAddr(t)
+	s.studentAdmin = apitest.FreeAddr(t)
 	s.student = s.newProc("student", bins.student, "http://"+s.studentAddr+"/readyz",
 		"STUDENT_HTTP_ADDR="+s.studentAddr, "STUDENT_ADMIN_ADDR="+s.studentAdmin, "LOG_LEVEL=info",
 		"STUDENT_DATABASE_URL="+asRole(t, s.studentURL, migrations.StudentApp),
@@ -418,7 +418,7 @@ func (s *scenario) newSender() *proc { return s.newSenderOf(s.source) }
 // new rows from source (sourcePoll or sourceCDC).
 func (s *scenario) newSenderOf(source string) *proc {
 	n := len(s.senders) + 1
-	admin := freeAddr(s.t)
+	admin := apitest.FreeAddr(s.t)
 	env := append([]string{
 		"SENDER_DATABASE_URL=" + asRole(s.t, s.senderDBURL, migrations.OutboxSender),
 		"SENDER_DATABASE_PASSWORD_FILE=" + roleSecret(s.t, migrations.OutboxSender),
@@ -458,14 +458,6 @@ func (s *scenario) startProc(p *proc, extra ...string) {
 		return
 	}
 	require.NoError(s.t, err)
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // sleep pauses for a random duration in [lo, hi).

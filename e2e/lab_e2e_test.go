@@ -33,6 +33,7 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/invariant"
+	"github.com/outboxref/outboxref/testkit/apitest"
 )
 
 // chromiumPath is where Debian's chromium package puts the browser; CI
@@ -222,14 +223,14 @@ func startLabSystem(s *scenario) *labSystem {
 		"USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.UsersApp),
 		"LAB_USERS_DATABASE_PASSWORD_FILE="+labSecret)
 
-	s.usersAddr, s.usersAdmin = freeAddr(t), freeAddr(t)
+	s.usersAddr, s.usersAdmin = apitest.FreeAddr(t), apitest.FreeAddr(t)
 	s.users = s.newProc("users", bins.users, "http://"+s.usersAddr+"/readyz",
 		"USERS_HTTP_ADDR="+s.usersAddr, "USERS_ADMIN_ADDR="+s.usersAdmin, "USERS_INBOX_RETENTION=168h", "LOG_LEVEL=info",
 		"USERS_DATABASE_URL="+asRole(t, s.usersURL, migrations.UsersApp),
 		"USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.UsersApp),
 		"USERS_API_TOKENS="+usersTokens)
 	s.startProc(s.users)
-	s.studentAddr, s.studentAdmin = freeAddr(t), freeAddr(t)
+	s.studentAddr, s.studentAdmin = apitest.FreeAddr(t), apitest.FreeAddr(t)
 	s.student = s.newProc("student", bins.student, "http://"+s.studentAddr+"/readyz",
 		"STUDENT_HTTP_ADDR="+s.studentAddr, "STUDENT_ADMIN_ADDR="+s.studentAdmin, "LOG_LEVEL=info",
 		"STUDENT_DATABASE_URL="+asRole(t, s.studentURL, migrations.StudentApp),
@@ -237,8 +238,8 @@ func startLabSystem(s *scenario) *labSystem {
 	s.startProc(s.student)
 
 	sys := &labSystem{scenario: s}
-	labProxy, senderAdmin := freeAddr(t), freeAddr(t)
-	sys.labHTTP = freeAddr(t)
+	labProxy, senderAdmin := apitest.FreeAddr(t), apitest.FreeAddr(t)
+	sys.labHTTP = apitest.FreeAddr(t)
 	sys.lab = s.newProc("lab", bins.lab, "http://"+sys.labHTTP+"/readyz",
 		"LAB_HTTP_ADDR="+sys.labHTTP, "LAB_PROXY_ADDR="+labProxy, "LOG_LEVEL=info",
 		"LAB_USERS_URL=http://"+s.usersAddr, "LAB_STUDENT_URL=http://"+s.studentAddr,

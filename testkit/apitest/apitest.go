@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 	"testing"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/testkit/freeport"
 )
 
 // Response is an answer read in full.
@@ -111,13 +112,12 @@ func Count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 }
 
 // FreeAddr returns a loopback address with a port that was free a moment
-// ago, for a server under test to listen on.
+// ago and that no other caller in this process got (freeport.Addr), for a
+// server under test to listen on.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
 	return addr
 }
 

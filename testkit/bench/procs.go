@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -181,16 +180,6 @@ func (ps *procs) peakKB(name string) int64 {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	return ps.peak[name]
-}
-
-// freePort returns a port on 127.0.0.1 that was free a moment ago.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat:

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/testkit/freeport"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
@@ -318,7 +319,7 @@ func (b *bench) start(ctx context.Context, d *databases, w which, extra map[stri
 func (b *bench) newSystem(d *databases, extra map[string][]string) (*system, error) {
 	s := &system{b: b, d: d, n: b.next(), extra: extra}
 	for _, addr := range []*string{&s.studentAddr, &s.usersAddr, &s.admAddr, &s.studentAdmAddr, &s.usersAdmAddr} {
-		a, err := freePort()
+		a, err := freeport.Addr()
 		if err != nil {
 			return nil, err
 		}

@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outboxref/testkit/freeport"
 )
 
 // serverBinaries are the programs a cluster needs; a directory only counts
@@ -321,12 +323,15 @@ func (c *Cluster) accessHint() string {
 }
 
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
-		return 0, fmt.Errorf("pick free port: %w", err)
+		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(p)
 }
 
 // run runs one of the server binaries as the cluster's user and returns its
