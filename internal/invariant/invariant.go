@@ -11,6 +11,7 @@ package invariant
 import (
 	"context"
 	"fmt"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -167,11 +168,11 @@ func Classify(st State, in Input) Report {
 		ClaimedBy:   map[string]int{},
 	}
 
-	outbox := make(map[uuid.UUID]OutboxRow, len(st.Outbox))
+	outboxOf := make(map[uuid.UUID]OutboxRow, len(st.Outbox))
 	for _, o := range st.Outbox {
-		outbox[o.StudentID] = o
+		outboxOf[o.StudentID] = o
 		r.Redeliveries += max(o.Attempts-1, 0)
-		if o.State == "delivered" {
+		if o.State == outbox.StateDelivered {
 			r.ClaimedBy[o.ClaimedBy]++
 		}
 	}
@@ -201,7 +202,7 @@ func Classify(st State, in Input) Report {
 	students := make(map[uuid.UUID]bool, len(st.Students))
 	for _, s := range st.Students {
 		students[s.ID] = true
-		o, hasOutbox := outbox[s.ID]
+		o, hasOutbox := outboxOf[s.ID]
 		ib, hasInbox := InboxRow{}, false
 		if hasOutbox {
 			ib, hasInbox = inbox[o.Key]
@@ -310,7 +311,7 @@ func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib In
 		r.problem("lost: student %s has no create-user outbox row", s.ID)
 		return Lost
 
-	case o.State == "dead":
+	case o.State == outbox.StateDead:
 		switch {
 		case hasInbox && ib.ResourceID.Valid && recent[ib.ResourceID.UUID]:
 			return Pending // redriven since Student was read, and delivered
@@ -323,9 +324,9 @@ func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib In
 		}
 		return Dead
 
-	case o.State == "pending" && live:
+	case o.State == outbox.StatePending && live:
 		return Pending
-	case o.State == "pending":
+	case o.State == outbox.StatePending:
 		r.problem("pending: student %s still waits for delivery (attempts %d, last error %q)", s.ID, o.Attempts, o.LastError)
 		return Pending
 	}
@@ -482,7 +483,7 @@ func (st *State) readStudent(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("students: %w", err)
 	}
 	rows, err = tx.Query(ctx, `SELECT student_id, idempotency_key::text, state, attempts,
-		coalesce(last_error, ''), coalesce(claimed_by, '') FROM outbox WHERE operation = 'create-user'`)
+		coalesce(last_error, ''), coalesce(claimed_by, '') FROM outbox WHERE operation = $1`, outbox.OperationCreateUser)
 	if err != nil {
 		return fmt.Errorf("outbox: %w", err)
 	}

@@ -3,6 +3,7 @@ package faultlab
 import (
 	"context"
 	"fmt"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -18,11 +19,10 @@ import (
 // of the databases within stateMaxAge; a reading or a readiness check that
 // takes longer than its timeout is reported on the page as unreadable.
 const (
-	stateMaxAge   = 250 * time.Millisecond
-	readTimeout   = 2 * time.Second
-	checkTimeout  = 500 * time.Millisecond
-	maxProblems   = 5
-	outboxPending = "pending"
+	stateMaxAge  = 250 * time.Millisecond
+	readTimeout  = 2 * time.Second
+	checkTimeout = 500 * time.Millisecond
+	maxProblems  = 5
 )
 
 // State is GET /api/state: everything the page shows.
@@ -178,11 +178,11 @@ func count(rows invariant.State, rep invariant.Report) Counts {
 	for _, o := range rows.Outbox {
 		c.Attempts += o.Attempts
 		switch o.State {
-		case outboxPending:
+		case outbox.StatePending:
 			c.Outbox.Pending++
-		case "delivered":
+		case outbox.StateDelivered:
 			c.Outbox.Delivered++
-		case "dead":
+		case outbox.StateDead:
 			c.Outbox.Dead++
 		}
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/internal/person"
 	"github.com/outboxref/outboxref/services/student/internal/store"
 )
@@ -207,7 +208,7 @@ func representation(st store.Student) Student {
 	case st.UserID.Valid:
 		out.UserID = &st.UserID.UUID
 		out.Provisioning.State = StateLinked
-	case st.OutboxState == store.OutboxDead:
+	case st.OutboxState == outbox.StateDead:
 		out.Provisioning.State = StateFailed
 	}
 	return out

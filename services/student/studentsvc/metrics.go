@@ -5,7 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxref/outboxref/internal/inbox"
-	"github.com/outboxref/outboxref/services/student/internal/store"
+	"github.com/outboxref/outboxref/internal/outbox"
 )
 
 // metrics are Student's counters, served on the admin listener. Each counts
@@ -35,7 +35,7 @@ func newMetrics() *metrics {
 	}
 	// Every series exists from the start, so a rate over a fresh process
 	// reads 0 rather than nothing.
-	m.outboxRows.WithLabelValues(store.OperationCreateUser)
+	m.outboxRows.WithLabelValues(outbox.OperationCreateUser)
 	for _, r := range []inbox.Result{inbox.ResultNew, inbox.ResultReplayed, inbox.ResultMismatch, inbox.ResultInProgress} {
 		m.keys.WithLabelValues(string(r))
 	}
@@ -58,6 +58,6 @@ func (m *metrics) countCreate(keyed bool, out inbox.Outcome, replayed bool, err 
 	}
 	if err == nil && !replayed && out.ResourceID != uuid.Nil {
 		m.created.Inc()
-		m.outboxRows.WithLabelValues(store.OperationCreateUser).Inc()
+		m.outboxRows.WithLabelValues(outbox.OperationCreateUser).Inc()
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/testkit/apitest"
 )
 
@@ -43,10 +44,11 @@ func TestReasonForUnknownClass(t *testing.T) {
 	t.Parallel()
 	require.Nil(t, reasonFor(""), "no class, no reason")
 	require.Equal(t, &Reason{Class: ReasonUnknown, Message: unknownMessage}, reasonFor("dns-hiccup"))
-	for _, class := range ReasonClasses() {
+	for _, class := range outbox.ReasonClasses {
 		r := reasonFor(class)
-		require.Equal(t, class, r.Class)
+		require.Equal(t, class, r.Class, "every reason class has its sentence")
 		require.NotEmpty(t, r.Message, class)
 	}
-	require.NotContains(t, ReasonClasses(), ReasonUnknown, "the generic class must not shadow a real one")
+	require.Len(t, reasonMessages, len(outbox.ReasonClasses), "a sentence for a class the outbox does not have")
+	require.NotContains(t, outbox.ReasonClasses, ReasonUnknown, "the generic class must not shadow a real one")
 }

@@ -19,7 +19,7 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/httpapi"
-	"github.com/outboxref/outboxref/services/student/internal/store"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/contract"
 	"github.com/outboxref/outboxref/testkit/pgtest"
@@ -84,7 +84,7 @@ func TestCreateStudentWritesStudentAndOutboxRow(t *testing.T) {
 		"SELECT idempotency_key, operation, payload, state, attempts FROM outbox WHERE student_id = $1", st.ID).
 		Scan(&key, &operation, &payload, &state, &attempts))
 	require.NotEqual(t, uuid.Nil, key)
-	require.Equal(t, store.OperationCreateUser, operation)
+	require.Equal(t, outbox.OperationCreateUser, operation)
 	require.Equal(t, map[string]string{"name": "Ada Lovelace", "email": "ada@example.com", "document_number": "111-1"}, payload)
 	require.Equal(t, "pending", state)
 	require.Zero(t, attempts)

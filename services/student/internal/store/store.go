@@ -17,20 +17,11 @@ import (
 
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/internal/outboxwake"
 	"github.com/outboxref/outboxref/internal/person"
 	"github.com/outboxref/outboxref/internal/telemetry"
 	"github.com/outboxref/outboxref/services/student/internal/studentdb"
-)
-
-// OperationCreateUser is the outbox operation that asks Users for a user.
-const OperationCreateUser = "create-user"
-
-// The states of an outbox row (see the outbox table's migration).
-const (
-	OutboxPending   = "pending"
-	OutboxDelivered = "delivered"
-	OutboxDead      = "dead"
 )
 
 var (
@@ -144,7 +135,7 @@ func (s *Store) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person, t
 	}
 	st, err := s.q.InsertStudentWithOutbox(ctx, tx, studentdb.InsertStudentWithOutboxParams{
 		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
-		IdempotencyKey: uuid.New(), Operation: OperationCreateUser, Payload: payload,
+		IdempotencyKey: uuid.New(), Operation: outbox.OperationCreateUser, Payload: payload,
 		// The sender continues this request's trace on every delivery.
 		TraceParent: traceParent,
 	})
@@ -156,7 +147,7 @@ func (s *Store) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person, t
 	}
 	return Student{
 		ID: st.ID, Name: st.Name, Email: st.Email, DocumentNumber: st.DocumentNumber,
-		CreatedAt: st.CreatedAt, OutboxState: OutboxPending,
+		CreatedAt: st.CreatedAt, OutboxState: outbox.StatePending,
 	}, nil
 }
 
