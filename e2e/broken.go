@@ -47,7 +47,7 @@ type Edit struct {
 // The patch format is line based:
 //
 //	# comments and blank lines before the first block are ignored
-//	file: outbox-sender/sender/sender.go
+//	file: outbox-sender/internal/store/store.go
 //	package: ./outbox-sender
 //	summary: the sender marks a row delivered before Users answers
 //	<<<<<<< find

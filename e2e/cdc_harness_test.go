@@ -24,7 +24,7 @@ import (
 // (SENDER_SOURCE=cdc): a replication slot per scenario, dropped when the
 // scenario ends, and what a cdc scenario checks beyond the checker.
 
-// What a cdc sender logs (outbox-sender/sender/cdc.go), which the
+// What a cdc sender logs (outbox-sender/cdc), which the
 // scenarios wait for or count.
 const (
 	logStreaming = "streaming the outbox from the replication slot"

@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/testkit/apitest"
@@ -68,7 +70,7 @@ func TestRedriveAfterLostAnswersLinksTheSameUser(t *testing.T) {
 	drop.Store(false)
 	var id int64
 	require.NoError(t, f.studentPool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&id))
-	done, err := sender.NewOperator(f.studentPool, "test", 0).Redrive(context.Background(), id, sender.ModeRetry, false)
+	done, err := deadletter.New(f.studentPool, "test", 0).Redrive(context.Background(), id, outbox.RedriveRetry, false)
 	require.NoError(t, err)
 	require.True(t, done.Changed)
 	apitest.Do(t, http.MethodGet, f.student.URL+"/students/"+ids[0].String(), "").JSON(t, &st)

@@ -11,10 +11,11 @@ package invariant
 import (
 	"context"
 	"fmt"
-	"github.com/outboxref/outboxref/internal/outbox"
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/outboxref/outboxref/internal/outbox"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"

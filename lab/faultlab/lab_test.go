@@ -18,7 +18,7 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/httpapi"
-	"github.com/outboxref/outboxref/outbox-sender/sender"
+	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
@@ -273,7 +273,7 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 	admin := chi.NewRouter()
 	admin.Get("/readyz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	senderPool := pgtest.Connect(t, pgtest.RoleURL(t, studentDB, migrations.OutboxSender))
-	sender.AdminRoutes(admin, sender.NewOperator(senderPool, "lab-test", 3*time.Second))
+	deadletter.Routes(admin, deadletter.New(senderPool, "lab-test", 3*time.Second))
 	senderAdmin := httptest.NewServer(admin)
 	t.Cleanup(senderAdmin.Close)
 

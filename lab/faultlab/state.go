@@ -3,12 +3,13 @@ package faultlab
 import (
 	"context"
 	"fmt"
-	"github.com/outboxref/outboxref/internal/outbox"
 	"log/slog"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/outboxref/outboxref/internal/outbox"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 

@@ -3,7 +3,6 @@ package sender
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -13,11 +12,9 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -75,13 +72,6 @@ func slotConfirmed(t *testing.T, pool *pgxpool.Pool, slot string) pglogrepl.LSN 
 	return pos
 }
 
-// runLogged is run with the sender's log lines kept.
-func runLogged(t *testing.T, pool *pgxpool.Pool, cfg Config) (*running, *apitest.Logs) {
-	t.Helper()
-	logs := &apitest.Logs{}
-	return runWith(t, slog.New(slog.NewJSONHandler(logs, nil)), pool, cfg), logs
-}
-
 // TestStreamDeliversWithoutPolling: with the poll an hour away and new
 // rows left to the stream for an hour, only the slot can explain a
 // delivery within seconds. The slot is then confirmed past them.
@@ -91,8 +81,8 @@ func TestStreamDeliversWithoutPolling(t *testing.T) {
 	pool, cfg := cdcDatabase(t, url)
 	cfg.PollInterval = time.Hour
 	r := run(t, pool, cfg)
-	eventually(t, "the sender streams from its slot", r.cdc.reading.Load)
-	require.False(t, r.cdc.fallback.Load())
+	eventually(t, "the sender streams from its slot", r.cdc(t).Reading)
+	require.False(t, r.cdc(t).Fallback())
 	before := slotConfirmed(t, pool, cfg.CDCSlot)
 
 	addStudents(t, pool, 20)
@@ -105,7 +95,7 @@ func TestStreamDeliversWithoutPolling(t *testing.T) {
 	// The counter moves after the recording commits: read it once the
 	// sender has stopped, when every recording is done.
 	r.wait(t)
-	require.Equal(t, 20, results(r.metrics, "delivered"))
+	require.Equal(t, 20, r.results(t, "delivered"))
 }
 
 // TestStreamedRetriesGoThroughTheTable: a streamed row that fails is
@@ -122,7 +112,7 @@ func TestStreamedRetriesGoThroughTheTable(t *testing.T) {
 	})
 	pool, cfg := cdcDatabase(t, url)
 	r := run(t, pool, cfg)
-	eventually(t, "the sender streams from its slot", r.cdc.reading.Load)
+	eventually(t, "the sender streams from its slot", r.cdc(t).Reading)
 
 	addStudents(t, pool, 5)
 	deliveredWithin(t, pool, 5, 10*time.Second, "each row is delivered on its second attempt")
@@ -139,20 +129,21 @@ func TestStandbyTakesOverTheSlot(t *testing.T) {
 	pool, cfg := cdcDatabase(t, url)
 	cfg.PollInterval = time.Hour
 	first := run(t, pool, cfg)
-	eventually(t, "the first sender streams", first.cdc.reading.Load)
+	eventually(t, "the first sender streams", first.cdc(t).Reading)
 	second := cfg
 	second.ID = "test-sender-2"
 	standby := run(t, pool, second)
+	sb := standby.cdc(t)
 	eventually(t, "the second stands by, leaving new rows to the stream", func() bool {
-		return !standby.cdc.fallback.Load() && !standby.cdc.reading.Load()
+		return !sb.Fallback() && !sb.Reading()
 	})
 	time.Sleep(1500 * time.Millisecond) // more than one try to take the slot
-	require.False(t, standby.cdc.reading.Load(), "one reader per slot")
+	require.False(t, standby.cdc(t).Reading(), "one reader per slot")
 
 	addStudents(t, pool, 5)
 	deliveredWithin(t, pool, 5, 5*time.Second, "the first delivers")
 	first.wait(t)
-	eventually(t, "the second takes the slot over", standby.cdc.reading.Load)
+	eventually(t, "the second takes the slot over", standby.cdc(t).Reading)
 	addStudents(t, pool, 5)
 	deliveredWithin(t, pool, 10, 5*time.Second, "the second delivers what comes next")
 	standby.wait(t)
@@ -167,7 +158,7 @@ func TestDroppedSlotFallsBackToPolling(t *testing.T) {
 	pool, cfg := cdcDatabase(t, url)
 	cfg.CDCGrace = 300 * time.Millisecond
 	r, logs := runLogged(t, pool, cfg)
-	eventually(t, "the sender streams", r.cdc.reading.Load)
+	eventually(t, "the sender streams", r.cdc(t).Reading)
 	addStudents(t, pool, 3)
 	deliveredWithin(t, pool, 3, 5*time.Second, "delivered from the stream")
 
@@ -177,53 +168,13 @@ func TestDroppedSlotFallsBackToPolling(t *testing.T) {
 	eventually(t, "the loss is logged as an error", func() bool {
 		return strings.Contains(logs.String(), "replication slot is gone")
 	})
+	source := r.cdc(t)
 	eventually(t, "the slot is created again and streamed", func() bool {
-		return r.cdc.reading.Load() && slotConfirmed(t, pool, cfg.CDCSlot) != 0
+		return source.Reading() && slotConfirmed(t, pool, cfg.CDCSlot) != 0
 	})
 	addStudents(t, pool, 2)
 	deliveredWithin(t, pool, 15, 5*time.Second, "and the stream delivers again")
 	r.wait(t)
-}
-
-// TestTrackerConfirmsOnlySettledPrefixes: the position passes a
-// transaction only once its rows and those of every transaction before it
-// are settled; keepalives move it only when nothing is unsettled.
-func TestTrackerConfirmsOnlySettledPrefixes(t *testing.T) {
-	t.Parallel()
-	tr := newTracker()
-	tr.reset(100)
-	tr.committed(200, time.Now(), []int64{1, 2})
-	tr.committed(300, time.Now(), []int64{3})
-	tr.committed(400, time.Now(), nil) // no outbox rows: passes with the rest
-	pos := func() pglogrepl.LSN { p, _ := tr.position(); return p }
-
-	require.Equal(t, []int64{1, 2}, tr.take(2))
-	require.Equal(t, 1, tr.queued())
-	tr.settle(3)
-	require.Equal(t, pglogrepl.LSN(100), pos(), "a later transaction settled first moves nothing")
-	tr.idle(1000)
-	require.Equal(t, pglogrepl.LSN(100), pos(), "a keepalive moves nothing while rows are unsettled")
-	tr.settle(1)
-	require.Equal(t, pglogrepl.LSN(100), pos())
-	tr.settle(2, 2, 99) // twice, and an id it never saw
-	p, rows := tr.position()
-	require.Equal(t, pglogrepl.LSN(400), p)
-	require.Equal(t, int64(3), rows)
-	require.Zero(t, tr.unsettled())
-	tr.idle(1000)
-	require.Equal(t, pglogrepl.LSN(1000), pos(), "with nothing unsettled a keepalive moves it")
-	tr.idle(900)
-	require.Equal(t, pglogrepl.LSN(1000), pos(), "never backwards")
-
-	tr.committed(1100, time.Now(), []int64{5})
-	ids := tr.take(10)
-	tr.retake(ids)
-	require.Equal(t, 1, tr.queued(), "a failed claim's rows are claimed again")
-	tr.reset(1000)
-	require.Equal(t, 1, tr.queued(), "a row announced but not claimed is still claimed after a reset")
-	require.Zero(t, tr.unsettled(), "but no longer followed")
-	tr.settle(5) // settles against nothing after a reset
-	require.Equal(t, pglogrepl.LSN(1000), pos())
 }
 
 // TestSlotMetrics: in cdc mode the admin port serves the slot's state: it
@@ -235,8 +186,8 @@ func TestSlotMetrics(t *testing.T) {
 	pool, cfg := cdcDatabase(t, url)
 	cfg.PollInterval = time.Hour
 	r := run(t, pool, cfg)
-	admin := adminRouter(quiet, r.pool, r.Sender, cfg)
-	eventually(t, "the sender streams", r.cdc.reading.Load)
+	admin := adminRouter(quiet, asSender(t, pool), r.Relay)
+	eventually(t, "the sender streams", r.cdc(t).Reading)
 	addStudents(t, pool, 7)
 	deliveredWithin(t, pool, 7, 5*time.Second, "delivered from the stream")
 
@@ -254,8 +205,8 @@ func TestSlotMetrics(t *testing.T) {
 		return true
 	})
 	// A polling sender serves none of it.
-	poller := New(quiet, r.pool, testConfig(url))
-	_, body := scrape(t, adminRouter(quiet, r.pool, poller, testConfig(url)))
+	sp := asSender(t, pool)
+	_, body := scrape(t, adminRouter(quiet, sp, New(quiet, sp, testConfig(url))))
 	require.NotContains(t, body, "outbox_cdc_")
 
 	r.wait(t)
@@ -295,7 +246,7 @@ func TestInvalidatedSlotIsReplaced(t *testing.T) {
 	cfg.CDCDatabaseURL = pgtest.RoleURL(t, dbURL, migrations.OutboxCDC)
 	cfg.DatabaseTimeout = 3 * time.Second
 	first := run(t, pool, cfg)
-	eventually(t, "the first sender streams", first.cdc.reading.Load)
+	eventually(t, "the first sender streams", first.cdc(t).Reading)
 	first.wait(t)
 
 	// Rows committed while nobody reads the slot, then enough WAL past
@@ -318,7 +269,7 @@ func TestInvalidatedSlotIsReplaced(t *testing.T) {
 	eventually(t, "the invalidation is logged as an error", func() bool {
 		return strings.Contains(logs.String(), "replication slot invalidated")
 	})
-	eventually(t, "a new slot is made and streamed", second.cdc.reading.Load)
+	eventually(t, "a new slot is made and streamed", second.cdc(t).Reading)
 	addStudents(t, pool, 2)
 	deliveredWithin(t, pool, 7, 5*time.Second, "and the stream delivers again")
 	second.wait(t)
@@ -346,7 +297,7 @@ func TestRowsHandedBackAreReplayed(t *testing.T) {
 	cfg.PollInterval = time.Hour
 	cfg.Concurrency, cfg.BatchSize, cfg.RequestTimeout = 1, 5, 5*time.Second
 	first := run(t, pool, cfg)
-	eventually(t, "the first sender streams", first.cdc.reading.Load)
+	eventually(t, "the first sender streams", first.cdc(t).Reading)
 	addStudents(t, pool, 5)
 	<-entered
 	eventually(t, "all five claimed", func() bool {
@@ -362,37 +313,6 @@ func TestRowsHandedBackAreReplayed(t *testing.T) {
 	deliveredWithin(t, pool, 5, 5*time.Second, "the rows handed back are delivered")
 	// Starting up, a sender polls until it streams, so the delivery alone
 	// does not show the replay; the stream's count does.
-	eventually(t, "the slot replays the four", func() bool { return testutil.ToFloat64(second.metrics.cdcChanges) >= 4 })
+	eventually(t, "the slot replays the four", func() bool { return second.metric(t, "outbox_cdc_changes_total") >= 4 })
 	second.wait(t)
-}
-
-// TestUnclaimedRowNotYetVisibleIsClaimedAgain: a streamed row the claim
-// did not return is settled if it exists (another sender holds it, say),
-// but claimed again if this transaction cannot see it at all: with
-// synchronous commits the stream can announce a commit a moment before
-// it shows to other sessions, and settling such a row would leave it to
-// the poll, SENDER_CDC_GRACE later.
-func TestUnclaimedRowNotYetVisibleIsClaimedAgain(t *testing.T) {
-	t.Parallel()
-	pool, cfg := cdcDatabase(t, "http://127.0.0.1:1")
-	addStudents(t, pool, 1)
-	var visible int64
-	require.NoError(t, pool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&visible))
-	notYet := visible + 1000
-	s := New(quiet, asSender(t, pool), cfg)
-	s.cdc.tr.committed(100, time.Now(), []int64{visible, notYet})
-	require.Len(t, s.cdc.tr.take(2), 2)
-
-	// A claim missed both. Neither is settled yet: the claim may not have
-	// seen the visible one either, if it became visible just after.
-	require.Equal(t, 2, s.settleUnclaimed(context.Background(), []int64{visible, notYet}))
-	require.ElementsMatch(t, []int64{visible, notYet}, s.cdc.tr.take(10), "both are claimed again")
-	// A second claim, begun after the first row was seen visible, missed
-	// both again: the visible one is held by another, settled; the other
-	// is still not visible, claimed again.
-	require.Equal(t, 1, s.settleUnclaimed(context.Background(), []int64{visible, notYet}))
-	require.Equal(t, []int64{notYet}, s.cdc.tr.take(10), "the row it cannot see is claimed again")
-	require.Equal(t, 1, s.cdc.tr.unsettled(), "and stays unsettled")
-	p, _ := s.cdc.tr.position()
-	require.Equal(t, pglogrepl.LSN(0), p, "so the slot does not move past it")
 }

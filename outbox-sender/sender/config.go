@@ -50,7 +50,7 @@ type Config struct {
 
 	// Source is where new rows come from: "poll" (the table, woken by
 	// notifications) or "cdc" (the write-ahead log, through a logical
-	// replication slot; cdc.go).
+	// replication slot; package cdc).
 	Source string // SENDER_SOURCE
 	// CDCDatabaseURL logs in to Student's database as the replication
 	// role, with the password put in (SENDER_CDC_DATABASE_PASSWORD).

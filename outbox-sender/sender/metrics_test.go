@@ -1,62 +1,22 @@
 package sender
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/httpapi"
-	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
-
-// histogramData reads a histogram's count, sum and buckets.
-func histogramData(t *testing.T, h prometheus.Histogram) *dto.Histogram {
-	t.Helper()
-	var m dto.Metric
-	require.NoError(t, h.Write(&m))
-	return m.GetHistogram()
-}
-
-// scrape gets /metrics from an admin router, as Prometheus would.
-func scrape(t *testing.T, admin http.Handler) (int, string) {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	admin.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	return rec.Code, rec.Body.String()
-}
-
-// logLines decodes a JSON log, keeping the lines with message msg.
-func logLines(t *testing.T, logs string, msg string) []map[string]any {
-	t.Helper()
-	var out []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(logs))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var line map[string]any
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &line), "%s", sc.Text())
-		if line["msg"] == msg {
-			out = append(out, line)
-		}
-	}
-	require.NoError(t, sc.Err())
-	return out
-}
 
 // TestMetricsReadEverySettledRow: after n rows flow through, one of them
 // retried twice before Users answered and one dead-lettered, the metrics
@@ -85,45 +45,39 @@ func TestMetricsReadEverySettledRow(t *testing.T) {
 		}
 		return true
 	})
-	logs := &apitest.Logs{}
-	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	sp := asSender(t, pool)
-	cfg := testConfig(url)
-	s := New(log, sp, cfg)
-	stop := apitest.Start(t, s.Run)
+	r, logs := runLogged(t, pool, testConfig(url))
 	eventually(t, "every row settled", func() bool {
 		return count(t, pool, "SELECT count(*) FROM outbox WHERE state <> 'pending'") == n
 	})
-	require.NoError(t, stop())
+	r.wait(t)
 
-	m := s.metrics
-	require.InDelta(t, n-1, testutil.ToFloat64(m.results.WithLabelValues("delivered", "none")), 0)
-	require.InDelta(t, 1, testutil.ToFloat64(m.results.WithLabelValues("dead", ReasonRefused)), 0)
-	require.InDelta(t, 2, testutil.ToFloat64(m.results.WithLabelValues("retry", ReasonUsersUnavailable)), 0)
-	require.Equal(t, n+2, results(m, "delivered")+results(m, "dead")+results(m, "retry"), "nothing else was counted")
-	require.InDelta(t, 1, testutil.ToFloat64(m.dead.WithLabelValues(ReasonRefused)), 0)
-
-	lag := histogramData(t, m.lag)
-	require.EqualValues(t, n, lag.GetSampleCount(), "one lag per settled row, delivered or dead")
-	require.Positive(t, lag.GetSampleSum())
-	for _, b := range lag.GetBucket() {
-		if b.GetUpperBound() == 30 {
-			require.EqualValues(t, n, b.GetCumulativeCount(), "every row settled within the test's seconds")
-		}
+	results := func(verdict, class string) float64 {
+		return r.metric(t, "outbox_sender_results_total", "verdict", verdict, "reason_class", class)
 	}
-	attempts := histogramData(t, m.attempts)
-	require.EqualValues(t, n, attempts.GetSampleCount())
-	require.InDelta(t, (n-1)*1+3, attempts.GetSampleSum(), 0, "the flaky row took three attempts, the others one each")
+	require.InDelta(t, n-1, results("delivered", "none"), 0)
+	require.InDelta(t, 1, results("dead", outbox.ReasonRefused), 0)
+	require.InDelta(t, 2, results("retry", outbox.ReasonUsersUnavailable), 0)
+	require.Equal(t, n+2, r.results(t, "delivered")+r.results(t, "dead")+r.results(t, "retry"), "nothing else was counted")
+	require.InDelta(t, 1, r.metric(t, "outbox_sender_dead_letters_total", "reason_class", outbox.ReasonRefused), 0)
 
-	// The scrape says the same, in the names the README and dashboard use,
+	lags, lagSum := r.histogram(t, "outbox_sender_delivery_lag_seconds")
+	require.EqualValues(t, n, lags, "one lag per settled row, delivered or dead")
+	require.Positive(t, lagSum)
+	attempts, attemptSum := r.histogram(t, "outbox_sender_settled_row_attempts")
+	require.EqualValues(t, n, attempts)
+	require.InDelta(t, (n-1)*1+3, attemptSum, 0, "the flaky row took three attempts, the others one each")
+
+	// The scrape says the same, in the names the docs and dashboard use,
 	// and the outbox's own figures agree: inserted = settled.
-	code, body := scrape(t, adminRouter(quiet, sp, s, cfg))
+	code, body := scrape(t, adminRouter(quiet, sp, r.Relay))
 	require.Equal(t, http.StatusOK, code)
 	for _, want := range []string{
 		`outbox_sender_results_total{reason_class="none",verdict="delivered"} 11`,
 		`outbox_sender_results_total{reason_class="refused",verdict="dead"} 1`,
 		`outbox_sender_results_total{reason_class="users-unavailable",verdict="retry"} 2`,
 		"outbox_sender_delivery_lag_seconds_count 12",
+		`outbox_sender_delivery_lag_seconds_bucket{le="30"} 12`,
 		"outbox_sender_settled_row_attempts_count 12",
 		`outbox_sender_settled_row_attempts_bucket{le="1"} 11`,
 		`outbox_rows{state="delivered"} 11`,
@@ -166,54 +120,9 @@ func TestMetricsReadEverySettledRow(t *testing.T) {
 	require.InDelta(t, 1, deadLines[0]["attempt"], 0)
 }
 
-// TestSettlementsCountedOnce: a result counts only when this sender's
-// write took effect. A second delivery of a row already delivered (by a
-// sender whose lease this one outlived) and a retry fenced out by a lost
-// lease count nothing; an answer that conflicts with the student's link
-// counts as dead (conflict), not delivered; a released row counts released.
-func TestSettlementsCountedOnce(t *testing.T) {
-	t.Parallel()
-	pool := pgtest.Pool(t, migrations.Student)
-	ids := addStudents(t, pool, 4)
-	sp := asSender(t, pool)
-	s := New(quiet, sp, testConfig("http://127.0.0.1:1"))
-	ctx := context.Background()
-	claimed, err := s.q.ClaimDue(ctx, sp, outboxdb.ClaimDueParams{Lease: time.Minute, BatchSize: 4, MaxAge: time.Hour})
-	require.NoError(t, err)
-	require.Len(t, claimed, 4)
-	rows := map[uuid.UUID]outboxdb.ClaimDueRow{}
-	for _, r := range claimed {
-		rows[r.StudentID] = r
-	}
-	delivered0, stale, conflicting, released := rows[ids[0]], rows[ids[1]], rows[ids[2]], rows[ids[3]]
-	m := s.metrics
-
-	user := uuid.New()
-	require.NoError(t, s.write(ctx, []result{{row: delivered0, verdict: delivered, userID: user}}))
-	require.NoError(t, s.write(ctx, []result{{row: delivered0, verdict: delivered, userID: user}}))
-	require.Equal(t, 1, results(m, "delivered"), "the second answer for a delivered row settles nothing")
-
-	_, err = pool.Exec(ctx, "UPDATE outbox SET lease_token = gen_random_uuid() WHERE id = $1", stale.ID)
-	require.NoError(t, err)
-	require.NoError(t, s.write(ctx, []result{{row: stale, verdict: retry, class: ReasonUsersUnavailable, err: "stale", delay: time.Second}}))
-	require.Zero(t, results(m, "retry"), "a retry fenced out by the lease is the new holder's to count")
-
-	_, err = pool.Exec(ctx, "UPDATE students SET user_id = $1 WHERE id = $2", uuid.New(), ids[2])
-	require.NoError(t, err)
-	require.NoError(t, s.write(ctx, []result{{row: conflicting, verdict: delivered, userID: uuid.New()},
-		{row: released, verdict: release}}))
-	require.Equal(t, 1, results(m, "delivered"))
-	require.InDelta(t, 1, testutil.ToFloat64(m.results.WithLabelValues("dead", ReasonConflict)), 0)
-	require.InDelta(t, 1, testutil.ToFloat64(m.dead.WithLabelValues(ReasonConflict)), 0)
-	require.InDelta(t, 1, testutil.ToFloat64(m.results.WithLabelValues("released", "none")), 0)
-
-	require.EqualValues(t, 2, histogramData(t, m.lag).GetSampleCount(), "one delivered, one dead")
-	require.EqualValues(t, 2, histogramData(t, m.attempts).GetSampleCount())
-}
-
 // TestScrapeSurvivesTheDatabaseDown: with Student's database refusing
 // connections, or accepting them and never answering, /metrics still
-// answers 200 within its bound, with the sender's counters and
+// answers 200 within its bound, with the sender's counters (at 0 here) and
 // outbox_stats_read_ok 0 in place of the database's figures; the failure
 // is logged once, not at every scrape.
 func TestScrapeSurvivesTheDatabaseDown(t *testing.T) {
@@ -226,22 +135,19 @@ func TestScrapeSurvivesTheDatabaseDown(t *testing.T) {
 			t.Cleanup(pool.Close)
 			logs := &apitest.Logs{}
 			log := slog.New(slog.NewJSONHandler(logs, nil))
-			cfg := testConfig("http://127.0.0.1:1")
-			s := New(log, pool, cfg)
-			s.metrics.claimed.Add(3)
-			s.metrics.settled(delivered, "", outboxdb.ClaimDueRow{CreatedAt: time.Now().Add(-time.Second), Attempts: 1}, time.Now())
-			admin := adminRouter(log, pool, s, cfg)
+			admin := adminRouter(log, pool, New(log, pool, testConfig("http://127.0.0.1:1")))
 
 			for range 2 {
 				start := time.Now()
 				code, body := scrape(t, admin)
-				require.Less(t, time.Since(start), statsTimeout+time.Second, "the scrape is bounded")
+				// The database's read is cut off after 2s.
+				require.Less(t, time.Since(start), 3*time.Second, "the scrape is bounded")
 				require.Equal(t, http.StatusOK, code, "%s", body)
 				for _, want := range []string{
 					"outbox_stats_read_ok 0",
-					"outbox_sender_claimed_total 3",
-					`outbox_sender_results_total{reason_class="none",verdict="delivered"} 1`,
-					"outbox_sender_delivery_lag_seconds_count 1",
+					"outbox_sender_claimed_total 0",
+					`outbox_sender_results_total{reason_class="none",verdict="delivered"} 0`,
+					"outbox_sender_delivery_lag_seconds_count 0",
 					"go_goroutines ",
 				} {
 					require.Contains(t, body, want)
@@ -253,23 +159,5 @@ func TestScrapeSurvivesTheDatabaseDown(t *testing.T) {
 				"read outbox stats for metrics; outbox_rows and outbox_oldest_pending_age_seconds are left out until it succeeds"), 1,
 				"a failing read is logged at most once a minute")
 		})
-	}
-}
-
-// A fresh sender already exports the series alerts sum and take increase()
-// of, at 0: a series born at its first increment would be missing from
-// "inserted minus settled" until then, and increase() would miss that first
-// step.
-func TestSettledSeriesStartAtZero(t *testing.T) {
-	t.Parallel()
-	m := newMetrics()
-	// Counted first, before any lookup below could create a series.
-	require.Equal(t, 2+2*len(ReasonClasses), testutil.CollectAndCount(m.results))
-	require.Equal(t, len(ReasonClasses), testutil.CollectAndCount(m.dead))
-	require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues("delivered", "none")))
-	require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues("released", "none")))
-	for _, class := range ReasonClasses {
-		require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues("dead", class)), class)
-		require.Zero(t, testutil.ToFloat64(m.dead.WithLabelValues(class)), class)
 	}
 }

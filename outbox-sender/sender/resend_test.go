@@ -66,6 +66,6 @@ func TestEverySendIsCounted(t *testing.T) {
 	attempts := count(t, pool, "SELECT sum(attempts) FROM outbox")
 	require.Greater(t, received.Load(), int64(20), "some sends must have met a broken connection, or the test proves nothing")
 	require.EqualValues(t, received.Load(), attempts, "every request Users received is an attempt in the outbox")
-	require.Equal(t, attempts, s.results("delivered")+s.results("retry")+s.results("dead"),
+	require.Equal(t, attempts, s.results(t, "delivered")+s.results(t, "retry")+s.results(t, "dead"),
 		"every request Users received is a result in the sender's metrics")
 }

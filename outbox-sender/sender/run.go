@@ -1,23 +1,38 @@
+// Package sender is the outbox-sender binary put together: its
+// configuration (SENDER_*), the one place SENDER_SOURCE is decided, and
+// Run, which wires the store, the source of new rows, the transport to Users
+// and the delivery engine, beside an admin port and the purge of delivered
+// rows. The parts live in packages of their own:
+//
+//	relay       the delivery engine: claim → deliver → judge → record
+//	poll, cdc   where new rows come from (SENDER_SOURCE)
+//	usershttp   how a row reaches Users: POST /users with its key
+//	deadletter  the operator's tools: the admin API's routes and "dead"
+//	internal/store  every statement the sender runs
+//
+// The tests of this package run the whole relay against a real PostgreSQL
+// and a stand-in Users.
 package sender
 
 import (
 	"context"
 	"io"
 	"log/slog"
-	"net/url"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/service"
+	"github.com/outboxref/outboxref/outbox-sender/deadletter"
+	"github.com/outboxref/outboxref/outbox-sender/usershttp"
 )
 
-// Run runs the sender until ctx ends: the delivery loop, the purge of old
+// Run runs the sender until ctx ends: the delivery engine, the purge of old
 // delivered rows, and an admin HTTP server with /healthz, /readyz, /metrics
-// and the dead-letter routes (admin.go). args may be "healthcheck", or
-// "dead ..." (commands.go); the sender has no migrations of its own
-// (Student's are applied by "student migrate").
+// and the dead-letter routes. args may be "healthcheck", or "dead ..." (see
+// package deadletter); the sender has no migrations of its own (Student's
+// are applied by "student migrate").
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, e, _ := LoadConfig(getenv)
 	if len(args) == 0 {
@@ -33,20 +48,18 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		Name: "outbox-sender", DatabaseURL: cfg.DatabaseURL, LogLevel: cfg.LogLevel, HealthAddr: cfg.AdminAddr,
 		DatabaseTimeout: cfg.DatabaseTimeout,
 		MaxConns:        int32(cfg.DBMaxConns), //nolint:gosec // at most 1000 (config.go)
-		Commands:        map[string]service.Command{"dead": deadCommand(cliActor(), cfg.DatabaseTimeout)},
+		Commands:        map[string]service.Command{"dead": deadletter.Command(cfg.DatabaseTimeout)},
 		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			log = log.With(slog.String("sender_id", cfg.ID))
-			s := New(log, pool, cfg)
-			admin := adminRouter(log, pool, s, cfg)
-
-			log.Info("sender starting", slog.String("users_url", redacted(cfg.UsersURL)), slog.Int("batch_size", cfg.BatchSize),
+			r := New(log, pool, cfg)
+			log.Info("sender starting", slog.String("users_url", usershttp.Redacted(cfg.UsersURL)), slog.Int("batch_size", cfg.BatchSize),
 				slog.Int("concurrency", cfg.Concurrency), slog.Duration("lease", cfg.Lease))
 			return []service.Part{
-				{Name: "delivery", Run: s.Run},
-				{Name: "outbox purge", Run: s.PurgeLoop},
+				{Name: "delivery", Run: r.Run},
+				{Name: "outbox purge", Run: r.PurgeLoop},
 				// Without its admin port the sender is unobservable: if the
 				// server fails, the whole process stops.
-				service.Server(log, "SENDER_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, admin),
+				service.Server(log, "SENDER_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, adminRouter(log, pool, r)),
 			}
 		},
 	}.Run(ctx, args, stdout)
@@ -54,22 +67,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 // adminRouter is the admin listener's router: /healthz, /readyz, /metrics
 // and the operator's outbox routes.
-func adminRouter(log *slog.Logger, pool *pgxpool.Pool, s *Sender, cfg Config) chi.Router {
+func adminRouter(log *slog.Logger, pool *pgxpool.Pool, r *Relay) chi.Router {
 	admin := httpapi.NewRouter(log, pool.Ping)
 	// A scrape never fails whole: the outbox's figures leave themselves
-	// out while the database is down (outboxCollector), and MetricsRoute
-	// covers any other collector that fails.
-	httpapi.MetricsRoute(admin, log, httpapi.NewRegistry(s.Collectors()...))
-	AdminRoutes(admin, NewOperator(pool, "admin-api@"+cfg.ID, cfg.DatabaseTimeout))
+	// out while the database is down, and MetricsRoute covers any other
+	// collector that fails.
+	httpapi.MetricsRoute(admin, log, httpapi.NewRegistry(r.Collectors()...))
+	deadletter.Routes(admin, deadletter.New(pool, "admin-api@"+r.cfg.ID, r.cfg.DatabaseTimeout))
 	return admin
-}
-
-// redacted is u with any password in it masked: the address of Users is
-// worth a log line, a password someone put in it is not.
-func redacted(u string) string {
-	parsed, err := url.Parse(u)
-	if err != nil {
-		return "(unparsable)"
-	}
-	return parsed.Redacted()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -80,7 +81,7 @@ func TestRunDeliversAndStops(t *testing.T) {
 	post := apitest.Do(t, http.MethodPost, "http://"+admin+"/metrics", "{}")
 	require.Equal(t, http.StatusMethodNotAllowed, post.Status)
 	require.Equal(t, "GET, HEAD", post.Header.Get("Allow"))
-	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, "http://"+admin+TypeNotDead, "").Status)
+	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, "http://"+admin+httpapi.TypeOutboxRowNotDead, "").Status)
 	var out bytes.Buffer
 	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, apitest.Env("SENDER_ADMIN_ADDR", admin), &out), "healthcheck needs no token")
 	require.NoError(t, stop())

@@ -28,9 +28,9 @@ const (
 	senderLease        = 30 * time.Second      // SENDER_LEASE
 	senderMaxAge       = 72 * time.Hour        // SENDER_MAX_AGE
 	senderDBTimeout    = 3 * time.Second       // SENDER_DATABASE_TIMEOUT
-	senderHistoryKeep  = 20                    // historyKeep in sender.go
-	senderRecordLinger = 10 * time.Millisecond // recordLinger in sender.go
-	senderRecorders    = 4                     // recorderCount in sender.go
+	senderHistoryKeep  = 20                    // store.HistoryKeep (outbox-sender/internal/store)
+	senderRecordLinger = 10 * time.Millisecond // recordLinger in outbox-sender/relay
+	senderRecorders    = 4                     // recorderCount in outbox-sender/relay
 	senderCaller       = "outbox-sender"       // the sender's caller name in Users
 	usersKeyWait       = 2 * time.Second       // USERS_IDEMPOTENCY_WAIT
 	usersTimeout       = 4 * time.Second       // USERS_DATABASE_TIMEOUT
@@ -284,7 +284,7 @@ func (b *bench) deliverAll(ctx context.Context, studentPool, usersPool *pgxpool.
 		workers.Wait()
 		close(results)
 	})
-	// As many recorders as the sender runs (recorderCount in sender.go).
+	// As many recorders as the sender runs (recorderCount in outbox-sender/relay).
 	var (
 		recorded  atomic.Int64
 		recorders sync.WaitGroup
@@ -295,7 +295,7 @@ func (b *bench) deliverAll(ctx context.Context, studentPool, usersPool *pgxpool.
 			busy := false
 			for r := range results {
 				// As the sender's recorder: what has arrived, and while
-				// busy up to recordLinger more (sender.go, complete).
+				// busy up to recordLinger more (outbox-sender/relay, complete).
 				batch = append(batch[:0], r)
 				var linger <-chan time.Time
 				if busy {
@@ -353,14 +353,21 @@ func (b *bench) deliverAll(ctx context.Context, studentPool, usersPool *pgxpool.
 func (b *bench) claimAll(ctx context.Context, pool *pgxpool.Pool, jobs chan<- claimed) error {
 	q := b.q["ClaimDue"]
 	args, err := q.args(map[string]any{
-		"lease": senderLease, "claimed_by": "bench-bound", "leave_new": time.Duration(0), "batch_size": int32(senderBatchSize), "max_age": senderMaxAge,
+		"lease": senderLease, "claimed_by": "bench-bound", "batch_size": int32(senderBatchSize), "max_age": senderMaxAge,
 	})
 	if err != nil {
 		return err
 	}
 	for {
+		// As the sender's store runs it: the setting and the claim in one
+		// batch, one implicit transaction whose commit does not wait for
+		// the flush.
 		cctx, cancel := database.WithDeadline(ctx, senderDBTimeout)
-		rows, err := pool.Query(cctx, q.sql, args...)
+		sent := &pgx.Batch{}
+		sent.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+		sent.Queue(q.sql, args...)
+		results := pool.SendBatch(cctx, sent)
+		rows, err := claimRows(results)
 		if err != nil {
 			cancel()
 			return fmt.Errorf("claim: %w", err)
@@ -377,14 +384,16 @@ func (b *bench) claimAll(ctx context.Context, pool *pgxpool.Pool, jobs chan<- cl
 			)
 			if err := rows.Scan(&c.id, &c.key, &operation, &c.studentID, &c.payload, &c.attempts, &lease, &createdAt, &trace, &expired); err != nil {
 				rows.Close()
+				_ = results.Close()
 				cancel()
 				return fmt.Errorf("claim: %w", err)
 			}
 			batch = append(batch, c)
 		}
 		rows.Close()
+		err = errors.Join(rows.Err(), results.Close())
 		cancel()
-		if err := rows.Err(); err != nil {
+		if err != nil {
 			return fmt.Errorf("claim: %w", err)
 		}
 		if len(batch) == 0 {
@@ -398,6 +407,19 @@ func (b *bench) claimAll(ctx context.Context, pool *pgxpool.Pool, jobs chan<- cl
 			}
 		}
 	}
+}
+
+// claimRows skips the batch's setting and returns the claim's rows; on an
+// error it closes the batch.
+func claimRows(results pgx.BatchResults) (pgx.Rows, error) {
+	if _, err := results.Exec(); err != nil {
+		return nil, errors.Join(err, results.Close())
+	}
+	rows, err := results.Query() //nolint:rowserrcheck // claimAll reads the rows and their Err
+	if err != nil {
+		return nil, errors.Join(err, results.Close())
+	}
+	return rows, nil
 }
 
 // createUser is Users' transaction for one delivery: the payload decoded

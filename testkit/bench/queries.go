@@ -24,7 +24,7 @@ import (
 var neededQueries = map[string][]string{
 	"InsertStudentWithOutbox": {"id", "name", "email", "document_number", "idempotency_key", "operation", "payload", "trace_parent"},
 	"InsertUser":              {"id", "name", "email", "document_number"},
-	"ClaimDue":                {"lease", "claimed_by", "leave_new", "batch_size", "max_age"},
+	"ClaimDue":                {"lease", "claimed_by", "batch_size", "max_age"},
 	"LinkStudents":            {"outbox_ids", "student_ids", "user_ids"},
 	"RecordEvents":            {"outbox_ids", "keep", "kind", "actor", "attempts", "outcomes", "reason_classes", "errors", "idempotency_keys"},
 }

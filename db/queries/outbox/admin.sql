@@ -33,12 +33,12 @@ ORDER BY id;
 
 -- name: FindDead :many
 -- The dead rows a bulk redrive would take, oldest death first (with the
--- same rule as Redrive for a new key).
+-- same rule as Redrive for a new key; @new_key_safe is outbox.NewKeySafe).
 SELECT o.id
 FROM outbox o
 WHERE o.state = 'dead'
   AND (@reason_class::text = '' OR o.reason_class = @reason_class::text)
-  AND (NOT @new_key::boolean OR @force::boolean OR o.reason_class IN ('refused', 'invalid-request', 'key-reused'))
+  AND (NOT @new_key::boolean OR @force::boolean OR o.reason_class = ANY(@new_key_safe::text[]))
   AND o.dead_at >= @since::timestamptz AND o.dead_at < @until::timestamptz
 ORDER BY o.dead_at, o.id
 LIMIT @max_rows;
@@ -60,7 +60,7 @@ SET state = 'pending', available_at = now(), attempts = 0, age_from = now(),
 FROM (
     SELECT id, attempts FROM outbox
     WHERE id = ANY(@ids::bigint[]) AND state = 'dead'
-      AND (NOT @new_key::boolean OR @force::boolean OR reason_class IN ('refused', 'invalid-request', 'key-reused'))
+      AND (NOT @new_key::boolean OR @force::boolean OR reason_class = ANY(@new_key_safe::text[]))
     FOR UPDATE
 ) d
 WHERE o.id = d.id

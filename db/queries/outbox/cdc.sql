@@ -1,4 +1,32 @@
--- The change-data-capture source's queries (outbox-sender/sender/cdc.go).
+-- The change-data-capture source's queries (outbox-sender/cdc). Each claim
+-- takes the same lease and returns the same columns as ClaimDue
+-- (outbox.sql), so that rows from every source share one delivery path.
+
+-- name: ClaimDueLeavingNew :many
+-- ClaimDue for a sender whose new rows come from the stream: a new row is
+-- the stream's (ClaimStreamed) for @leave_new, so the poll takes only rows
+-- tried before, redriven, or missed by the stream. While the stream keeps
+-- up, the rows it leaves are few (it claims each within milliseconds); when
+-- it falls far behind, this scan reads past all of them at each poll. An
+-- index on retried rows alone would avoid that, at the price of an index
+-- entry for every claim.
+UPDATE outbox o
+SET available_at = now() + @lease::interval,
+    lease_token  = gen_random_uuid(),
+    claimed_by   = @claimed_by,
+    attempts     = o.attempts + 1
+FROM (
+    SELECT id FROM outbox
+    WHERE state = 'pending' AND available_at <= now()
+      AND (attempts > 0 OR redrives > 0 OR available_at <= now() - @leave_new::interval)
+    ORDER BY available_at, id
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE o.id = due.id
+RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
+          o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
+          (o.age_from + @max_age::interval < now())::boolean AS expired;
 
 -- name: ClaimStreamed :many
 -- Claims the rows whose inserts the stream announced, as ClaimDue claims
@@ -9,7 +37,6 @@
 -- a recording). Whichever it is, the table carries it from there: a lease
 -- that runs out, or a lock whose transaction rolls back, leaves the row
 -- due for the poll.
-WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE outbox o
 SET available_at = now() + @lease::interval,
     lease_token  = gen_random_uuid(),
@@ -20,7 +47,7 @@ FROM (
     WHERE id = ANY(@ids::bigint[]) AND state = 'pending' AND available_at <= now()
     ORDER BY id
     FOR UPDATE SKIP LOCKED
-) due, no_flush_wait
+) due
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,

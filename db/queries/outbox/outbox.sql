@@ -2,19 +2,12 @@
 -- only database the sender touches.
 
 -- name: ClaimDue :many
--- SKIP LOCKED lets several senders claim side by side without waiting on
--- each other or taking the same row. The claim is a lease: available_at
--- moves forward, so if this sender dies the row becomes due again.
---
--- The claim commits without waiting for its WAL to reach the disk
--- (synchronous_commit off, for this transaction only): it is visible at
--- once, and it saves a flush on every delivery's path. Losing it is safe. A
--- database crash in the few hundred milliseconds before the flush only
--- undoes the lease: the row is due again, is delivered again, and Users
--- replays its answer; the lost lease token fences off nothing but this
--- sender's retry of it. Whatever records an answer commits synchronously,
--- and WAL is flushed in order, so the claim is durable by then anyway.
-WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true))
+-- Claims up to @batch_size due rows for delivery. SKIP LOCKED lets several
+-- senders claim side by side without waiting on each other or taking the
+-- same row. The claim is a lease: available_at moves forward by @lease, so
+-- if this sender dies mid-delivery the row becomes due again and another
+-- sender takes it. The lease token fences the sender's later writes: only
+-- the holder of the current token may reschedule or dead-letter the row.
 UPDATE outbox o
 SET available_at = now() + @lease::interval,
     lease_token  = gen_random_uuid(),
@@ -23,19 +16,10 @@ SET available_at = now() + @lease::interval,
 FROM (
     SELECT id FROM outbox
     WHERE state = 'pending' AND available_at <= now()
-      -- With the change-data-capture source, a new row is the stream's
-      -- (ClaimStreamed, cdc.sql) for @leave_new: the poll takes only
-      -- rows tried before, redriven, or missed by the stream. The polling
-      -- source passes 0. While the stream keeps up, the rows it leaves
-      -- are few (it claims each within milliseconds); when it falls far
-      -- behind, this scan reads past all of them at each poll. An index on
-      -- retried rows alone would avoid that, at the price of an index
-      -- entry for every claim.
-      AND (attempts > 0 OR redrives > 0 OR available_at <= now() - @leave_new::interval)
     ORDER BY available_at, id
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
-) due, no_flush_wait
+) due
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,

@@ -18,28 +18,30 @@ SELECT o.id
 FROM outbox o
 WHERE o.state = 'dead'
   AND ($1::text = '' OR o.reason_class = $1::text)
-  AND (NOT $2::boolean OR $3::boolean OR o.reason_class IN ('refused', 'invalid-request', 'key-reused'))
-  AND o.dead_at >= $4::timestamptz AND o.dead_at < $5::timestamptz
+  AND (NOT $2::boolean OR $3::boolean OR o.reason_class = ANY($4::text[]))
+  AND o.dead_at >= $5::timestamptz AND o.dead_at < $6::timestamptz
 ORDER BY o.dead_at, o.id
-LIMIT $6
+LIMIT $7
 `
 
 type FindDeadParams struct {
 	ReasonClass string
 	NewKey      bool
 	Force       bool
+	NewKeySafe  []string
 	Since       time.Time
 	Until       time.Time
 	MaxRows     int32
 }
 
 // The dead rows a bulk redrive would take, oldest death first (with the
-// same rule as Redrive for a new key).
+// same rule as Redrive for a new key; @new_key_safe is outbox.NewKeySafe).
 func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]int64, error) {
 	rows, err := db.Query(ctx, findDead,
 		arg.ReasonClass,
 		arg.NewKey,
 		arg.Force,
+		arg.NewKeySafe,
 		arg.Since,
 		arg.Until,
 		arg.MaxRows,
@@ -269,7 +271,7 @@ SET state = 'pending', available_at = now(), attempts = 0, age_from = now(),
 FROM (
     SELECT id, attempts FROM outbox
     WHERE id = ANY($2::bigint[]) AND state = 'dead'
-      AND (NOT $1::boolean OR $3::boolean OR reason_class IN ('refused', 'invalid-request', 'key-reused'))
+      AND (NOT $1::boolean OR $3::boolean OR reason_class = ANY($4::text[]))
     FOR UPDATE
 ) d
 WHERE o.id = d.id
@@ -277,9 +279,10 @@ RETURNING o.id, o.idempotency_key, d.attempts AS attempts_before
 `
 
 type RedriveParams struct {
-	NewKey bool
-	Ids    []int64
-	Force  bool
+	NewKey     bool
+	Ids        []int64
+	Force      bool
+	NewKeySafe []string
 }
 
 type RedriveRow struct {
@@ -296,7 +299,12 @@ type RedriveRow struct {
 // was lost, or never judged): only a refusal of Users' is safe to ask anew,
 // unless the operator forces it after checking Users.
 func (q *Queries) Redrive(ctx context.Context, db DBTX, arg RedriveParams) ([]RedriveRow, error) {
-	rows, err := db.Query(ctx, redrive, arg.NewKey, arg.Ids, arg.Force)
+	rows, err := db.Query(ctx, redrive,
+		arg.NewKey,
+		arg.Ids,
+		arg.Force,
+		arg.NewKeySafe,
+	)
 	if err != nil {
 		return nil, err
 	}

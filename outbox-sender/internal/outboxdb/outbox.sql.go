@@ -15,7 +15,6 @@ import (
 
 const claimDue = `-- name: ClaimDue :many
 
-WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE outbox o
 SET available_at = now() + $1::interval,
     lease_token  = gen_random_uuid(),
@@ -24,31 +23,21 @@ SET available_at = now() + $1::interval,
 FROM (
     SELECT id FROM outbox
     WHERE state = 'pending' AND available_at <= now()
-      -- With the change-data-capture source, a new row is the stream's
-      -- (ClaimStreamed, cdc.sql) for @leave_new: the poll takes only
-      -- rows tried before, redriven, or missed by the stream. The polling
-      -- source passes 0. While the stream keeps up, the rows it leaves
-      -- are few (it claims each within milliseconds); when it falls far
-      -- behind, this scan reads past all of them at each poll. An index on
-      -- retried rows alone would avoid that, at the price of an index
-      -- entry for every claim.
-      AND (attempts > 0 OR redrives > 0 OR available_at <= now() - $3::interval)
     ORDER BY available_at, id
-    LIMIT $4
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
-) due, no_flush_wait
+) due
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           -- Judged by the database's clock, which wrote age_from (the
           -- row's creation, or its last redrive).
-          (o.age_from + $5::interval < now())::boolean AS expired
+          (o.age_from + $4::interval < now())::boolean AS expired
 `
 
 type ClaimDueParams struct {
 	Lease     time.Duration
 	ClaimedBy pgtype.Text
-	LeaveNew  time.Duration
 	BatchSize int32
 	MaxAge    time.Duration
 }
@@ -68,23 +57,16 @@ type ClaimDueRow struct {
 
 // The outbox sender's queries. They run against Student's database, the
 // only database the sender touches.
-// SKIP LOCKED lets several senders claim side by side without waiting on
-// each other or taking the same row. The claim is a lease: available_at
-// moves forward, so if this sender dies the row becomes due again.
-//
-// The claim commits without waiting for its WAL to reach the disk
-// (synchronous_commit off, for this transaction only): it is visible at
-// once, and it saves a flush on every delivery's path. Losing it is safe. A
-// database crash in the few hundred milliseconds before the flush only
-// undoes the lease: the row is due again, is delivered again, and Users
-// replays its answer; the lost lease token fences off nothing but this
-// sender's retry of it. Whatever records an answer commits synchronously,
-// and WAL is flushed in order, so the claim is durable by then anyway.
+// Claims up to @batch_size due rows for delivery. SKIP LOCKED lets several
+// senders claim side by side without waiting on each other or taking the
+// same row. The claim is a lease: available_at moves forward by @lease, so
+// if this sender dies mid-delivery the row becomes due again and another
+// sender takes it. The lease token fences the sender's later writes: only
+// the holder of the current token may reschedule or dead-letter the row.
 func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]ClaimDueRow, error) {
 	rows, err := db.Query(ctx, claimDue,
 		arg.Lease,
 		arg.ClaimedBy,
-		arg.LeaveNew,
 		arg.BatchSize,
 		arg.MaxAge,
 	)

@@ -2,20 +2,21 @@ package sender
 
 import (
 	"context"
-	"math/rand/v2"
-	"net/http"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/internal/outboxwake"
+	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
+
+// These tests are about the polling source: notifications wake it long
+// before its poll.
 
 // sleepyConfig is testConfig with a poll so slow that only a notification
 // can explain a delivery within seconds.
@@ -41,15 +42,6 @@ func listenerPID(t *testing.T, pool *pgxpool.Pool) int {
 func notify(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	require.NoError(t, outboxwake.Notify(context.Background(), pool))
-}
-
-// deliveredWithin fails the test unless every row is delivered within d:
-// a bound far below the hour-long poll of sleepyConfig.
-func deliveredWithin(t *testing.T, pool *pgxpool.Pool, want int, d time.Duration, what string) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == want
-	}, d, 5*time.Millisecond, what)
 }
 
 func TestNotificationWakesTheSender(t *testing.T) {
@@ -105,47 +97,7 @@ func TestRedriveWakesTheSender(t *testing.T) {
 
 	var id int64
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&id))
-	_, err = NewOperator(asSender(t, pool), "test", 0).Redrive(context.Background(), id, ModeRetry, false)
+	_, err = deadletter.New(asSender(t, pool), "test", 0).Redrive(context.Background(), id, outbox.RedriveRetry, false)
 	require.NoError(t, err)
 	deliveredWithin(t, pool, 1, 3*time.Second, "the redriven row is delivered without waiting for the poll")
-}
-
-// TestClaimsGatherABatchUnderBacklog: with a backlog, the claimer waits
-// for a batch's worth of free capacity (or claimLinger) instead of
-// claiming at every slot a finished delivery frees, and the recorder
-// writes many answers per transaction.
-func TestClaimsGatherABatchUnderBacklog(t *testing.T) {
-	t.Parallel()
-	pool := pgtest.Pool(t, migrations.Student)
-	_, url := newFakeUsers(t, func(http.ResponseWriter, *http.Request, string, int) bool {
-		// Deliveries of varying length finish one by one, as real ones do.
-		time.Sleep(time.Duration(rand.N(4000)) * time.Microsecond)
-		return false
-	})
-	const n = 1000
-	addStudents(t, pool, n)
-	cfg := testConfig(url)
-	cfg.BatchSize, cfg.Concurrency = 50, 8
-	r := run(t, pool, cfg)
-	eventually(t, "all delivered", func() bool {
-		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == n
-	})
-	claims, claimed := histogram(t, r.metrics.claimSize)
-	records, recorded := histogram(t, r.metrics.recordSize)
-	require.Equal(t, n, int(claimed))
-	require.Equal(t, n, int(recorded))
-	t.Logf("%d claims of %.1f rows on average, %d recording transactions of %.1f", claims, claimed/float64(claims), records, recorded/float64(records))
-	// Claiming at every free slot averages about 9 rows here, lingering
-	// 20 to 27. The four recorders share the answers: recording only what
-	// has arrived averages under 2 per transaction, lingering about 6.
-	require.GreaterOrEqual(t, claimed/float64(claims), 12.0, "rows per claim")
-	require.GreaterOrEqual(t, recorded/float64(records), 3.5, "answers per recording transaction")
-}
-
-// histogram returns how many observations h holds and their sum.
-func histogram(t *testing.T, h prometheus.Histogram) (count uint64, sum float64) {
-	t.Helper()
-	var m dto.Metric
-	require.NoError(t, h.Write(&m))
-	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 }

@@ -1,4 +1,4 @@
-package sender
+package deadletter
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/internal/service"
 )
 
@@ -31,11 +32,13 @@ const deadUsage = `usage:
   outbox-sender dead redrive-all --mode retry|new-operation [--reason-class C] [--since T] [--until T] [--max N] [--dry-run] [--force]
 Times are RFC 3339 (2026-12-03T08:00:00Z); reason classes: ` + "%s"
 
-// deadCommand runs "outbox-sender dead ...".
-func deadCommand(actor string, timeout time.Duration) service.Command {
+// Command runs "outbox-sender dead ...", on the database directly, each
+// call's work bounded by timeout (SENDER_DATABASE_TIMEOUT). Redrives are
+// recorded as the person at this host's command line.
+func Command(timeout time.Duration) service.Command {
 	return func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error {
-		o := NewOperator(pool, actor, timeout)
-		usage := fmt.Errorf(deadUsage, strings.Join(ReasonClasses, ", "))
+		o := New(pool, cliActor(), timeout)
+		usage := fmt.Errorf(deadUsage, strings.Join(outbox.ReasonClasses, ", "))
 		if len(args) == 0 {
 			return usage
 		}
@@ -198,8 +201,8 @@ func (o *Operator) bulkCommand(ctx context.Context, args []string, stdout io.Wri
 	} else {
 		f.Mode = *mode
 	}
-	if f.ReasonClass != "" && !slices.Contains(ReasonClasses, f.ReasonClass) {
-		errs = append(errs, httpapi.FieldError{Field: "reason_class", Detail: "want one of " + strings.Join(ReasonClasses, ", ")})
+	if f.ReasonClass != "" && !slices.Contains(outbox.ReasonClasses, f.ReasonClass) {
+		errs = append(errs, httpapi.FieldError{Field: "reason_class", Detail: "want one of " + strings.Join(outbox.ReasonClasses, ", ")})
 	}
 	errs = append(errs, parseTimes(&f.DeadSince, &f.DeadUntil, "since", *since, "until", *until)...)
 	if f.Max < 1 || f.Max > MaxBulk {
@@ -219,13 +222,6 @@ func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return "-"
-	}
-	return *s
 }
 
 func shorten(s string, n int) string {

@@ -1,4 +1,4 @@
-package sender
+package relay
 
 import (
 	"context"
@@ -7,7 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
+	"github.com/outboxref/outboxref/internal/alarm"
+	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/outbox-sender/internal/store"
 )
 
 // metrics are the sender's own counters. Compare claimed with the sum of
@@ -23,9 +25,8 @@ type metrics struct {
 	claimed prometheus.Counter
 	// results is the "published" side of the outbox: compare
 	// verdict=~"delivered|dead" with the rows Student wrote.
-	results  *prometheus.CounterVec
-	dead     *prometheus.CounterVec
-	duration prometheus.Histogram
+	results *prometheus.CounterVec
+	dead    *prometheus.CounterVec
 	// lag is what a student waits for its user, end to end: from its
 	// outbox row's creation to the answer recorded, retries and outages
 	// included.
@@ -33,18 +34,11 @@ type metrics struct {
 	// attempts shows how hard rows are to settle: mostly 1 when Users is
 	// well, a long tail during its outages.
 	attempts prometheus.Histogram
-	// authFailures counts deliveries Users refused for the sender's
-	// credentials: any increase is a misconfiguration to fix now, since
-	// every row fails alike until it is.
-	authFailures *prometheus.CounterVec
 	// claimSize and recordSize show whether batching batches: rows per
 	// claim query and answers per recording transaction. Under a backlog
 	// both should approach SENDER_BATCH_SIZE; idle, one or a few.
 	claimSize  prometheus.Histogram
 	recordSize prometheus.Histogram
-	// cdcChanges counts the outbox inserts the replication slot streamed
-	// (SENDER_SOURCE=cdc): compare with student_outbox_rows_written_total.
-	cdcChanges prometheus.Counter
 }
 
 // lagBuckets run from a few milliseconds (a delivery on a healthy system)
@@ -70,11 +64,6 @@ func newMetrics() *metrics {
 			Name: "outbox_sender_dead_letters_total",
 			Help: "Rows this sender dead-lettered, by reason class: alert when it rises.",
 		}, []string{"reason_class"}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "outbox_sender_request_duration_seconds",
-			Help:    "Time from sending a row to Users until its answer (or failure).",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
-		}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "outbox_sender_delivery_lag_seconds",
 			Help:    "Time from an outbox row's creation until this sender recorded the answer that settled it (delivered or dead).",
@@ -85,10 +74,6 @@ func newMetrics() *metrics {
 			Help:    "Attempts a row took, observed when this sender settled it (delivered or dead).",
 			Buckets: []float64{1, 2, 3, 5, 10, 20, 50, 100},
 		}),
-		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "outbox_sender_auth_failures_total",
-			Help: "Deliveries Users refused for the sender's credentials (401 or 403), by status: a misconfiguration, alert on any increase.",
-		}, []string{"status"}),
 		claimSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "outbox_sender_claim_size_rows",
 			Help:    "Rows each claim query took, counting only claims that found work.",
@@ -99,27 +84,24 @@ func newMetrics() *metrics {
 			Help:    "Answers recorded by each recording transaction.",
 			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
 		}),
-		cdcChanges: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_cdc_changes_total", Help: "Outbox inserts this sender received from the replication slot (SENDER_SOURCE=cdc); a replay after a restart counts again.",
-		}),
 	}
 	// Every series an alert or the dashboard reads starts at 0: a series
 	// born at its first increment is missing from sums until then (a
 	// restarted sender facing a Users that is down reports no settled
 	// series at all, and inserted minus settled is then empty, not
 	// growing), and increase() misses that first step.
-	m.results.WithLabelValues(delivered.String(), reasonLabel(""))
-	m.results.WithLabelValues(release.String(), reasonLabel(""))
-	for _, class := range ReasonClasses {
-		m.results.WithLabelValues(retry.String(), class)
-		m.results.WithLabelValues(dead.String(), class)
+	m.results.WithLabelValues(delivered, reasonLabel(""))
+	m.results.WithLabelValues(released, reasonLabel(""))
+	for _, class := range outbox.ReasonClasses {
+		m.results.WithLabelValues(retry, class)
+		m.results.WithLabelValues(dead, class)
 		m.dead.WithLabelValues(class)
 	}
 	return m
 }
 
-func (v verdict) String() string {
-	return [...]string{"delivered", "retry", "dead", "released"}[v]
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.claimed, m.results, m.dead, m.lag, m.attempts, m.claimSize, m.recordSize}
 }
 
 // reasonLabel is a reason class as a label value: an empty label would
@@ -133,8 +115,8 @@ func reasonLabel(class string) string {
 
 // settled counts one result this sender's recording transaction applied,
 // once that transaction committed. recorded is when it committed.
-func (m *metrics) settled(v verdict, class string, row outboxdb.ClaimDueRow, recorded time.Time) {
-	m.results.WithLabelValues(v.String(), reasonLabel(class)).Inc()
+func (m *metrics) settled(v, class string, row store.Row, recorded time.Time) {
+	m.results.WithLabelValues(v, reasonLabel(class)).Inc()
 	if v != delivered && v != dead {
 		return
 	}
@@ -145,83 +127,6 @@ func (m *metrics) settled(v verdict, class string, row outboxdb.ClaimDueRow, rec
 	if v == dead {
 		m.dead.WithLabelValues(class).Inc()
 	}
-}
-
-// Collectors returns the sender's metrics and a collector of the outbox's
-// state in the database, for registering on a registry.
-func (s *Sender) Collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{s.metrics.claimed, s.metrics.results, s.metrics.dead, s.metrics.duration,
-		s.metrics.lag, s.metrics.attempts, s.metrics.authFailures,
-		s.metrics.claimSize, s.metrics.recordSize, &outboxCollector{s: s}}
-	if s.cdc != nil {
-		cs = append(cs, s.metrics.cdcChanges, &slotCollector{c: s.cdc})
-	}
-	return cs
-}
-
-var (
-	slotLagBytesDesc = prometheus.NewDesc("outbox_cdc_slot_lag_bytes",
-		"WAL written since the replication slot's confirmed position: what a restarted reader would decode again (absent when the slot could not be read or does not exist).", nil, nil)
-	slotLagSecondsDesc = prometheus.NewDesc("outbox_cdc_slot_lag_seconds",
-		"Age of the oldest transaction this sender streamed and has not confirmed yet; 0 when none.", nil, nil)
-	retainedDesc = prometheus.NewDesc("outbox_cdc_retained_wal_bytes",
-		"WAL the replication slot keeps from removal. Alert well before it reaches max_slot_wal_keep_size, past which PostgreSQL invalidates the slot (absent when it could not be read or does not exist).", nil, nil)
-	slotOKDesc = prometheus.NewDesc("outbox_cdc_slot_ok",
-		"1 when the replication slot exists and is not invalidated; 0 otherwise (absent when it could not be read).", nil, nil)
-	slotActiveDesc = prometheus.NewDesc("outbox_cdc_slot_active",
-		"1 when some sender streams from the replication slot (absent when it could not be read).", nil, nil)
-	readingDesc = prometheus.NewDesc("outbox_cdc_reading",
-		"1 when this sender streams from the replication slot, 0 when it stands by or cannot.", nil, nil)
-	fallbackDesc = prometheus.NewDesc("outbox_cdc_fallback",
-		"1 while this sender polls for new rows because no sender can stream from the replication slot.", nil, nil)
-)
-
-// slotCollector reads the replication slot's state when scraped, from the
-// server's view (pg_replication_slots), beside the reader's own.
-type slotCollector struct {
-	c     *cdc
-	alarm alarm
-}
-
-func (sc *slotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{slotLagBytesDesc, slotLagSecondsDesc, retainedDesc, slotOKDesc, slotActiveDesc, readingDesc, fallbackDesc} {
-		ch <- d
-	}
-}
-
-func (sc *slotCollector) Collect(ch chan<- prometheus.Metric) {
-	gauge := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
-	var lag float64
-	if oldest := sc.c.tr.oldest(); !oldest.IsZero() && sc.c.reading.Load() {
-		lag = max(time.Since(oldest).Seconds(), 0)
-	}
-	gauge(slotLagSecondsDesc, lag)
-	gauge(readingDesc, b2f(sc.c.reading.Load()))
-	gauge(fallbackDesc, b2f(sc.c.fallback.Load()))
-	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
-	defer cancel()
-	st, ok, err := sc.c.readSlot(ctx)
-	if err != nil {
-		if failed, ok := sc.alarm.ring(time.Now(), statsAlarmEvery); ok {
-			sc.c.log.Warn("read the replication slot for metrics; its figures are left out until it succeeds",
-				slog.Int("failed_reads", failed), slog.String("error", err.Error()))
-		}
-		return
-	}
-	gauge(slotOKDesc, b2f(ok && st.walStatus != "lost"))
-	if !ok {
-		return
-	}
-	gauge(slotActiveDesc, b2f(st.active))
-	gauge(slotLagBytesDesc, st.lagBytes)
-	gauge(retainedDesc, st.retained)
-}
-
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 var (
@@ -247,8 +152,9 @@ const statsAlarmEvery = time.Minute
 // figures out instead of failing the scrape: the sender's own counters
 // matter most exactly when the database is in trouble.
 type outboxCollector struct {
-	s     *Sender
-	alarm alarm
+	store *store.Store
+	log   *slog.Logger
+	alarm alarm.Alarm
 }
 
 func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -260,18 +166,18 @@ func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
 	defer cancel()
-	st, err := c.s.q.OutboxStats(ctx, c.s.pool)
+	st, err := c.store.Stats(ctx)
 	if err != nil {
-		if failed, ok := c.alarm.ring(time.Now(), statsAlarmEvery); ok {
-			c.s.log.Warn("read outbox stats for metrics; outbox_rows and outbox_oldest_pending_age_seconds are left out until it succeeds",
+		if failed, ok := c.alarm.Ring(time.Now(), statsAlarmEvery); ok {
+			c.log.Warn("read outbox stats for metrics; outbox_rows and outbox_oldest_pending_age_seconds are left out until it succeeds",
 				slog.Int("failed_reads", failed), slog.String("error", err.Error()))
 		}
 		ch <- prometheus.MustNewConstMetric(readOKDesc, prometheus.GaugeValue, 0)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(readOKDesc, prometheus.GaugeValue, 1)
-	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Pending), "pending")
-	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Delivered), "delivered")
-	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Dead), "dead")
-	ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, st.OldestPendingSeconds)
+	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Pending), outbox.StatePending)
+	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Delivered), outbox.StateDelivered)
+	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Dead), outbox.StateDead)
+	ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, st.OldestPending.Seconds())
 }

@@ -1,4 +1,4 @@
-package sender
+package deadletter
 
 import (
 	"encoding/base64"
@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/outbox"
 )
 
 // Page sizes and the bulk limit of the admin API.
@@ -24,21 +25,16 @@ const (
 	MaxBulk     = 1000
 )
 
-// Problem types of the redrive routes, registered with their pages in
-// httpapi like every other.
-const (
-	TypeNotDead       = httpapi.TypeOutboxRowNotDead
-	TypeNewKeyUnsafe  = httpapi.TypeNewKeyUnsafe
-	redriveModeDetail = "want retry (same idempotency key) or new-operation (a new key)"
-)
+// redriveModeDetail says what a redrive's mode may be.
+const redriveModeDetail = "want retry (same idempotency key) or new-operation (a new key)"
 
-// AdminRoutes adds the operator's outbox routes to the admin router:
+// Routes adds the operator's outbox routes to the admin router:
 //
 //	GET  /outbox?state=dead     rows, newest first, paged and filtered
 //	GET  /outbox/{id}           one row, its student, keys and history
 //	POST /outbox/{id}/redrive   {"mode":"retry"} or {"mode":"new-operation"}
 //	POST /outbox/redrive        the same for every dead row a filter matches
-func AdminRoutes(r chi.Router, o *Operator) {
+func Routes(r chi.Router, o *Operator) {
 	r.Get("/outbox", httpapi.Handle(o.listHandler))
 	r.Get("/outbox/{id}", httpapi.Handle(o.getHandler))
 	r.Post("/outbox/{id}/redrive", httpapi.Handle(o.redriveHandler))
@@ -88,11 +84,11 @@ func parseFilter(raw string) (Filter, error) {
 	f := Filter{State: q.Get("state"), ReasonClass: q.Get("reason_class"), Limit: DefaultPage}
 	var errs []httpapi.FieldError
 	bad := func(field, detail string) { errs = append(errs, httpapi.FieldError{Field: field, Detail: detail}) }
-	if !slices.Contains([]string{"pending", "delivered", "dead"}, f.State) {
+	if !slices.Contains(outbox.States, f.State) {
 		bad("state", "required: pending, delivered or dead")
 	}
-	if f.ReasonClass != "" && !slices.Contains(ReasonClasses, f.ReasonClass) {
-		bad("reason_class", "want one of "+strings.Join(ReasonClasses, ", "))
+	if f.ReasonClass != "" && !slices.Contains(outbox.ReasonClasses, f.ReasonClass) {
+		bad("reason_class", "want one of "+strings.Join(outbox.ReasonClasses, ", "))
 	}
 	errs = append(errs, parseTimes(&f.Since, &f.Until, "since", q.Get("since"), "until", q.Get("until"))...)
 	if v, ok := q["limit"]; ok {
@@ -161,9 +157,9 @@ func answer(err error, id int64) error {
 	case errors.Is(err, ErrNotFound):
 		return httpapi.NotFound(fmt.Sprintf("outbox row %d", id))
 	case errors.Is(err, ErrNotDead):
-		return httpapi.NewProblem(TypeNotDead, fmt.Sprintf("outbox row %d cannot be redriven: %v", id, err))
+		return httpapi.NewProblem(httpapi.TypeOutboxRowNotDead, fmt.Sprintf("outbox row %d cannot be redriven: %v", id, err))
 	case errors.Is(err, ErrNewKeyUnsafe):
-		return httpapi.NewProblem(TypeNewKeyUnsafe,
+		return httpapi.NewProblem(httpapi.TypeNewKeyUnsafe,
 			fmt.Sprintf("outbox row %d: %v; redrive with retry, or check Users for the row's keys and send \"force\": true", id, err))
 	}
 	return err
@@ -201,7 +197,7 @@ func checkMode(mode *string) *httpapi.FieldError {
 	switch {
 	case mode == nil:
 		return &httpapi.FieldError{Field: "mode", Detail: "required: " + redriveModeDetail}
-	case *mode != ModeRetry && *mode != ModeNewOperation:
+	case *mode != outbox.RedriveRetry && *mode != outbox.RedriveNewOperation:
 		return &httpapi.FieldError{Field: "mode", Detail: redriveModeDetail}
 	}
 	return nil
@@ -255,8 +251,8 @@ func (o *Operator) bulkHandler(w http.ResponseWriter, r *http.Request) error {
 	} else {
 		f.Mode = *req.Mode
 	}
-	if f.ReasonClass != "" && !slices.Contains(ReasonClasses, f.ReasonClass) {
-		errs = append(errs, httpapi.FieldError{Field: "reason_class", Detail: "want one of " + strings.Join(ReasonClasses, ", ")})
+	if f.ReasonClass != "" && !slices.Contains(outbox.ReasonClasses, f.ReasonClass) {
+		errs = append(errs, httpapi.FieldError{Field: "reason_class", Detail: "want one of " + strings.Join(outbox.ReasonClasses, ", ")})
 	}
 	errs = append(errs, parseTimes(&f.DeadSince, &f.DeadUntil, "dead_since", req.DeadSince, "dead_until", req.DeadUntil)...)
 	if req.Max != nil {

@@ -1,4 +1,4 @@
-package sender
+package cdc
 
 import (
 	"sync"
@@ -227,4 +227,12 @@ func (t *tracker) oldest() time.Time {
 		return time.Time{}
 	}
 	return t.txns[0].commit
+}
+
+// wakeUp signals c, or leaves the signal already pending.
+func wakeUp(c chan<- struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }

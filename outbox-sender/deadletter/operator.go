@@ -1,0 +1,264 @@
+// Package deadletter is the operator's half of the outbox: rows listed, read
+// with their history, and dead letters brought back, through the sender's
+// admin port (admin.go) and its "dead" subcommands (commands.go), which
+// both call one Operator.
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/outbox-sender/internal/store"
+)
+
+var (
+	// ErrNotFound: no outbox row has that id.
+	ErrNotFound = store.ErrNotFound
+	// ErrNotDead: only a dead row can be redriven.
+	ErrNotDead = errors.New("outbox row is not dead")
+	// ErrNewKeyUnsafe: a new key for a row whose old key may already have
+	// created the user (its answer was lost, or never judged) could create
+	// a second one. Only Users' refusals are safe to ask anew, unless the
+	// operator has checked Users and forces it.
+	ErrNewKeyUnsafe = errors.New("a new key is safe only after Users refused the old one (refused, invalid-request, key-reused)")
+)
+
+// Operator reads and redrives outbox rows.
+type Operator struct {
+	store *store.Store
+	actor string // recorded on each redrive: who did it
+}
+
+// New returns an Operator on pool, Student's database as the sender's
+// role. actor names who redrives, in the rows' histories; timeout bounds
+// each call's database work (SENDER_DATABASE_TIMEOUT).
+func New(pool *pgxpool.Pool, actor string, timeout time.Duration) *Operator {
+	return &Operator{store: store.New(pool, timeout), actor: actor}
+}
+
+// Row is an outbox row as an operator sees it.
+type Row struct {
+	ID             int64       `json:"id"`
+	State          string      `json:"state"`
+	Operation      string      `json:"operation"`
+	IdempotencyKey uuid.UUID   `json:"idempotency_key"`
+	PreviousKeys   []uuid.UUID `json:"previous_keys,omitempty"`
+	Student        RowStudent  `json:"student"`
+	Attempts       int         `json:"attempts"`
+	ReasonClass    *string     `json:"reason_class"`
+	LastError      *string     `json:"last_error"`
+	CreatedAt      time.Time   `json:"created_at"`
+	DeliveredAt    *time.Time  `json:"delivered_at"`
+	DeadAt         *time.Time  `json:"dead_at"`
+	Redrives       int         `json:"redrives"`
+	RedrivenAt     *time.Time  `json:"redriven_at"`
+	// Only in a single row's view (available_at only while pending):
+	AvailableAt *time.Time `json:"available_at,omitempty"`
+	ClaimedBy   *string    `json:"claimed_by,omitempty"`
+	History     []Event    `json:"history,omitempty"`
+}
+
+// RowStudent is the student an outbox row works for.
+type RowStudent struct {
+	ID     uuid.UUID  `json:"id"`
+	Name   string     `json:"name,omitempty"`
+	UserID *uuid.UUID `json:"user_id,omitempty"`
+}
+
+// Event is one entry of a row's history: an attempt or a redrive.
+type Event struct {
+	At             time.Time `json:"at"`
+	Kind           string    `json:"kind"`
+	Attempt        int       `json:"attempt"`
+	Outcome        string    `json:"outcome"`
+	ReasonClass    *string   `json:"reason_class,omitempty"`
+	Error          *string   `json:"error,omitempty"`
+	Actor          string    `json:"actor"`
+	IdempotencyKey uuid.UUID `json:"idempotency_key"`
+}
+
+func rowOf(e store.Entry) Row {
+	r := Row{
+		ID: e.ID, State: e.State, Operation: e.Operation, IdempotencyKey: e.IdempotencyKey, PreviousKeys: e.PreviousKeys,
+		Student:  RowStudent{ID: e.StudentID, Name: e.StudentName},
+		Attempts: e.Attempts, ReasonClass: e.ReasonClass, LastError: e.LastError, CreatedAt: e.CreatedAt,
+		DeliveredAt: e.DeliveredAt, DeadAt: e.DeadAt, Redrives: e.Redrives, RedrivenAt: e.RedrivenAt, ClaimedBy: e.ClaimedBy,
+	}
+	if e.StudentUserID.Valid {
+		r.Student.UserID = &e.StudentUserID.UUID
+	}
+	if e.History != nil {
+		r.History = make([]Event, len(e.History))
+		for i, ev := range e.History {
+			r.History[i] = Event(ev)
+		}
+	}
+	return r
+}
+
+// Filter selects rows to list, newest first.
+type Filter struct {
+	State       string    // pending, delivered or dead
+	ReasonClass string    // "" for any
+	Since       time.Time // the state's time (dead_at, delivered_at, created_at) at or after
+	Until       time.Time // and before
+	Limit       int
+	After       Cursor // the zero Cursor for the first page
+}
+
+// Cursor is where the next page starts: after this (state time, id).
+type Cursor struct {
+	At time.Time
+	ID int64
+}
+
+// List returns up to f.Limit rows and the cursor of the next page (nil on
+// the last page).
+func (o *Operator) List(ctx context.Context, f Filter) ([]Row, *Cursor, error) {
+	entries, err := o.store.List(ctx, store.Filter{
+		State: f.State, ReasonClass: f.ReasonClass, Since: f.Since, Until: f.Until,
+		Before: store.Position(f.After), Limit: f.Limit,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]Row, 0, min(len(entries), f.Limit))
+	var next *Cursor
+	for i, e := range entries {
+		if i == f.Limit { // the extra row says another page exists
+			next = &Cursor{At: entries[i-1].StateAt, ID: entries[i-1].ID}
+			break
+		}
+		out = append(out, rowOf(e))
+	}
+	return out, next, nil
+}
+
+// Get returns one row with its student and history, or ErrNotFound.
+func (o *Operator) Get(ctx context.Context, id int64) (Row, error) {
+	e, err := o.store.Get(ctx, id)
+	if err != nil {
+		return Row{}, err
+	}
+	row := rowOf(e)
+	if e.State == outbox.StatePending { // when it is next due; meaningless once settled
+		row.AvailableAt = &e.AvailableAt
+	}
+	return row, nil
+}
+
+// Redriven is what a redrive did to one row.
+type Redriven struct {
+	ID             int64     `json:"id"`
+	Mode           string    `json:"mode"`
+	Changed        bool      `json:"changed"`
+	Detail         string    `json:"detail"`
+	IdempotencyKey uuid.UUID `json:"idempotency_key"`
+}
+
+// Redrive brings one dead row back in the given mode (outbox.RedriveRetry
+// or outbox.RedriveNewOperation). A row redriven before and not attempted
+// since is left as it is (Changed false: a repeated redrive changes nothing
+// more); any other row that is not dead is ErrNotDead.
+func (o *Operator) Redrive(ctx context.Context, id int64, mode string, force bool) (Redriven, error) {
+	done, err := o.redrive(ctx, []int64{id}, mode, force)
+	if err != nil {
+		return Redriven{}, err
+	}
+	if len(done) == 1 {
+		return done[0], nil
+	}
+	row, err := o.Get(ctx, id)
+	if err != nil {
+		return Redriven{}, err
+	}
+	switch {
+	case row.State == outbox.StateDead: // so the new key was refused
+		return Redriven{}, fmt.Errorf("%w; this row is dead as %s", ErrNewKeyUnsafe, deref(row.ReasonClass))
+	case row.State == outbox.StatePending && row.RedrivenAt != nil && row.Attempts == 0:
+		last := row.History[len(row.History)-1] // the redrive: nothing was attempted since
+		return Redriven{
+			ID: id, Mode: last.Outcome, IdempotencyKey: row.IdempotencyKey,
+			Detail: fmt.Sprintf("already redriven (%s) at %s and not attempted since; nothing changed",
+				last.Outcome, row.RedrivenAt.UTC().Format(time.RFC3339)),
+		}, nil
+	}
+	return Redriven{}, fmt.Errorf("%w (it is %s)", ErrNotDead, row.State)
+}
+
+// BulkFilter selects dead rows to redrive together.
+type BulkFilter struct {
+	Mode        string
+	ReasonClass string    // "" for any
+	DeadSince   time.Time // dead at or after
+	DeadUntil   time.Time // and before; zero for no bound
+	Max         int       // at most this many rows, oldest death first
+	DryRun      bool      // say what would be redriven, change nothing
+	Force       bool      // new-operation also for rows not in outbox.NewKeySafe
+}
+
+// Bulk is what a bulk redrive did, or would do.
+type Bulk struct {
+	Mode     string  `json:"mode"`
+	DryRun   bool    `json:"dry_run"`
+	Matched  int     `json:"matched"`
+	Redriven int     `json:"redriven"`
+	IDs      []int64 `json:"ids"`
+}
+
+// RedriveMatching redrives up to f.Max dead rows that match f.
+func (o *Operator) RedriveMatching(ctx context.Context, f BulkFilter) (Bulk, error) {
+	ids, err := o.store.FindDead(ctx, store.DeadFilter{
+		ReasonClass: f.ReasonClass, Since: f.DeadSince, Until: f.DeadUntil, Max: f.Max,
+		NewKey: f.Mode == outbox.RedriveNewOperation, Force: f.Force,
+	})
+	if err != nil {
+		return Bulk{}, err
+	}
+	out := Bulk{Mode: f.Mode, DryRun: f.DryRun, Matched: len(ids), IDs: ids}
+	if f.DryRun || len(ids) == 0 {
+		if out.IDs == nil {
+			out.IDs = []int64{}
+		}
+		return out, nil
+	}
+	done, err := o.redrive(ctx, ids, f.Mode, f.Force)
+	if err != nil {
+		return Bulk{}, err
+	}
+	out.Redriven, out.IDs = len(done), make([]int64, len(done))
+	for i, d := range done {
+		out.IDs[i] = d.ID
+	}
+	return out, nil
+}
+
+// redrive brings the rows of ids that are still dead back.
+func (o *Operator) redrive(ctx context.Context, ids []int64, mode string, force bool) ([]Redriven, error) {
+	if mode != outbox.RedriveRetry && mode != outbox.RedriveNewOperation {
+		return nil, fmt.Errorf("redrive mode %q: want %s or %s", mode, outbox.RedriveRetry, outbox.RedriveNewOperation)
+	}
+	rows, err := o.store.Redrive(ctx, ids, mode, force, o.actor)
+	if err != nil {
+		return nil, err
+	}
+	done := make([]Redriven, len(rows))
+	for i, r := range rows {
+		done[i] = Redriven{ID: r.ID, Mode: mode, Changed: true, IdempotencyKey: r.IdempotencyKey,
+			Detail: "due now; attempts and SENDER_MAX_AGE count afresh"}
+	}
+	return done, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
+}

@@ -1,0 +1,240 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/internal/outboxwake"
+	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
+)
+
+// This file is the operator's half of the store: rows listed, read with
+// their history, and dead letters brought back.
+
+// Entry is an outbox row as an operator sees it. Pointers are nil where the
+// column is null.
+type Entry struct {
+	ID             int64
+	State          string
+	Operation      string
+	IdempotencyKey uuid.UUID
+	PreviousKeys   []uuid.UUID
+	StudentID      uuid.UUID
+	StudentName    string        // Get only
+	StudentUserID  uuid.NullUUID // Get only
+	Attempts       int
+	ReasonClass    *string
+	LastError      *string
+	CreatedAt      time.Time
+	DeliveredAt    *time.Time
+	DeadAt         *time.Time
+	Redrives       int
+	RedrivenAt     *time.Time
+	AvailableAt    time.Time // Get only
+	ClaimedBy      *string   // Get only
+	History        []Event   // Get only
+	// StateAt is when the row reached its state: what List orders by.
+	StateAt time.Time
+}
+
+// Event is one entry of a row's history: an attempt or a redrive.
+type Event struct {
+	At             time.Time
+	Kind           string // "attempt" or "redrive"
+	Attempt        int
+	Outcome        string // an attempt's outcome, or a redrive's mode
+	ReasonClass    *string
+	Error          *string
+	Actor          string // the sender, or who redrove
+	IdempotencyKey uuid.UUID
+}
+
+// Filter selects rows to list, newest first by the time they reached their
+// state, after the (time, id) position Before.
+type Filter struct {
+	State       string
+	ReasonClass string    // "" for any
+	Since       time.Time // at or after
+	Until       time.Time // and before; zero for no bound
+	Before      Position  // the zero Position for the first page
+	Limit       int
+}
+
+// Position is where a page starts: before this (state time, id).
+type Position struct {
+	At time.Time
+	ID int64
+}
+
+// farFuture stands for "no bound" in time comparisons.
+var farFuture = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+
+// List returns up to f.Limit rows, and one more when another page follows.
+func (s *Store) List(ctx context.Context, f Filter) ([]Entry, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
+	before := f.Before
+	if before.ID == 0 {
+		before = Position{At: farFuture, ID: 1<<63 - 1}
+	}
+	rows, err := s.q.ListOutbox(ctx, s.pool, outboxdb.ListOutboxParams{
+		State: f.State, ReasonClass: f.ReasonClass, Since: f.Since, Until: orFarFuture(f.Until),
+		BeforeAt: before.At, BeforeID: before.ID, PageSize: int32(f.Limit + 1), //nolint:gosec // Limit is bounded by the admin API
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list outbox rows: %w", database.Classify(err))
+	}
+	out := make([]Entry, len(rows))
+	for i, r := range rows {
+		out[i] = Entry{
+			ID: r.ID, State: r.State, Operation: r.Operation, IdempotencyKey: r.IdempotencyKey, StudentID: r.StudentID,
+			Attempts: int(r.Attempts), ReasonClass: nullText(r.ReasonClass), LastError: nullText(r.LastError),
+			CreatedAt: r.CreatedAt, DeliveredAt: nullTime(r.DeliveredAt), DeadAt: nullTime(r.DeadAt),
+			Redrives: int(r.Redrives), RedrivenAt: nullTime(r.RedrivenAt), StateAt: r.StateAt,
+		}
+	}
+	return out, nil
+}
+
+// Get returns one row with its student and history, read in one snapshot,
+// or ErrNotFound.
+func (s *Store) Get(ctx context.Context, id int64) (Entry, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
+	var e Entry
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		r, err := s.q.GetOutboxRow(ctx, tx, id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("get outbox row: %w", err)
+		}
+		e = Entry{
+			ID: r.ID, State: r.State, Operation: r.Operation, IdempotencyKey: r.IdempotencyKey, PreviousKeys: r.PreviousKeys,
+			StudentID: r.StudentID, StudentName: r.StudentName, StudentUserID: r.StudentUserID,
+			Attempts: int(r.Attempts), ReasonClass: nullText(r.ReasonClass), LastError: nullText(r.LastError),
+			CreatedAt: r.CreatedAt, DeliveredAt: nullTime(r.DeliveredAt), DeadAt: nullTime(r.DeadAt),
+			Redrives: int(r.Redrives), RedrivenAt: nullTime(r.RedrivenAt),
+			AvailableAt: r.AvailableAt, ClaimedBy: nullText(r.ClaimedBy), History: []Event{},
+		}
+		events, err := s.q.ListEvents(ctx, tx, id)
+		if err != nil {
+			return fmt.Errorf("get outbox history: %w", err)
+		}
+		for _, ev := range events {
+			e.History = append(e.History, Event{
+				At: ev.At, Kind: ev.Kind, Attempt: int(ev.Attempt), Outcome: ev.Outcome,
+				ReasonClass: nullText(ev.ReasonClass), Error: nullText(ev.Error), Actor: ev.Actor, IdempotencyKey: ev.IdempotencyKey,
+			})
+		}
+		return nil
+	})
+	return e, database.Classify(err)
+}
+
+// DeadFilter selects dead rows to redrive together.
+type DeadFilter struct {
+	ReasonClass string    // "" for any
+	Since       time.Time // dead at or after
+	Until       time.Time // and before; zero for no bound
+	Max         int       // at most this many, oldest death first
+	// NewKey leaves out the rows whose old key may have created a user
+	// (outbox.NewKeySafe), unless Force.
+	NewKey, Force bool
+}
+
+// FindDead returns the ids of the dead rows f matches.
+func (s *Store) FindDead(ctx context.Context, f DeadFilter) ([]int64, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
+	ids, err := s.q.FindDead(ctx, s.pool, outboxdb.FindDeadParams{
+		ReasonClass: f.ReasonClass, Since: f.Since, Until: orFarFuture(f.Until), MaxRows: int32(f.Max), //nolint:gosec // Max is bounded by the admin API
+		NewKey: f.NewKey, Force: f.Force, NewKeySafe: outbox.NewKeySafe,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find dead rows: %w", database.Classify(err))
+	}
+	return ids, nil
+}
+
+// Redriven is a row a redrive brought back, with the key it now carries.
+type Redriven struct {
+	ID             int64
+	IdempotencyKey uuid.UUID
+}
+
+// Redrive brings the rows of ids that are still dead back, due now with
+// attempts and SENDER_MAX_AGE counted afresh, and writes a redrive event,
+// naming actor, to each one's history, in one transaction. In
+// outbox.RedriveNewOperation mode each row gets a new key, except where the
+// old key may have created a user, unless force. Then it wakes the senders.
+func (s *Store) Redrive(ctx context.Context, ids []int64, mode string, force bool, actor string) ([]Redriven, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
+	var done []Redriven
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := s.q.Redrive(ctx, tx, outboxdb.RedriveParams{
+			NewKey: mode == outbox.RedriveNewOperation, Force: force, Ids: ids, NewKeySafe: outbox.NewKeySafe,
+		})
+		if err != nil {
+			return fmt.Errorf("redrive: %w", err)
+		}
+		done = done[:0]
+		ev := outboxdb.RecordEventsParams{Kind: "redrive", Actor: actor, Keep: HistoryKeep}
+		for _, r := range rows {
+			ev.OutboxIds = append(ev.OutboxIds, r.ID)
+			ev.Attempts = append(ev.Attempts, r.AttemptsBefore)
+			ev.Outcomes = append(ev.Outcomes, mode)
+			ev.ReasonClasses = append(ev.ReasonClasses, "")
+			ev.Errors = append(ev.Errors, "")
+			ev.IdempotencyKeys = append(ev.IdempotencyKeys, r.IdempotencyKey)
+			done = append(done, Redriven{ID: r.ID, IdempotencyKey: r.IdempotencyKey})
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		if err := s.q.RecordEvents(ctx, tx, ev); err != nil {
+			return fmt.Errorf("record redrive: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, database.Classify(err)
+	}
+	if len(done) > 0 {
+		// The rows are due now: wake the senders rather than leave them to
+		// the poll. A failure here delays them by a poll at most.
+		_ = outboxwake.Notify(ctx, s.pool)
+	}
+	return done, nil
+}
+
+func orFarFuture(t time.Time) time.Time {
+	if t.IsZero() {
+		return farFuture
+	}
+	return t
+}
+
+func nullText(t pgtype.Text) *string {
+	if !t.Valid {
+		return nil
+	}
+	return &t.String
+}
+
+func nullTime(t pgtype.Timestamptz) *time.Time {
+	if !t.Valid {
+		return nil
+	}
+	return &t.Time
+}

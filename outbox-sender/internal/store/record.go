@@ -1,0 +1,218 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outboxref/internal/crashpoint"
+	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
+)
+
+// Result is what came of one claimed row, to be recorded.
+type Result struct {
+	Row     Row
+	Outcome string    // outbox.OutcomeDelivered, OutcomeRetry, OutcomeDead or OutcomeReleased
+	UserID  uuid.UUID // the user Users answered with (delivered)
+	Class   string    // why it failed (retry, dead): one of outbox.ReasonClasses
+	Error   string
+	Delay   time.Duration // until the next attempt (retry)
+}
+
+// Recorded is what a recording transaction did.
+type Recorded struct {
+	// Applied holds the rows whose settlement this transaction wrote: a
+	// delivery it marked, a retry or dead-letter it wrote. A retry or
+	// dead-letter whose lease another sender took over was not written; nor
+	// was a delivery another sender had recorded first.
+	Applied map[int64]bool
+	// Conflicts maps the rows whose student was already linked to a
+	// different user, dead-lettered as conflicts, to the user Users
+	// answered with.
+	Conflicts map[int64]uuid.UUID
+	// Released is how many rows were handed back.
+	Released int64
+}
+
+// HistoryKeep is how many events each row's history keeps.
+const HistoryKeep = 20
+
+// Record writes a batch of results in one transaction, the whole of their
+// bookkeeping: students linked and their rows marked delivered, retries
+// scheduled (never past l.MaxAge) and dead letters written, each only by
+// the holder of the row's lease, rows handed back, and an event per attempt
+// in each row's history, naming l.Holder.
+func (s *Store) Record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
+	var rec Recorded
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// A retried transaction starts over.
+		rec = Recorded{Applied: map[int64]bool{}, Conflicts: map[int64]uuid.UUID{}}
+		w := sortResults(batch)
+		w.retries.MaxAge = l.MaxAge
+		if err := s.link(ctx, tx, w, &rec); err != nil {
+			return err
+		}
+		if len(w.retries.Ids) > 0 {
+			ids, err := s.q.ScheduleRetries(ctx, tx, w.retries)
+			if err != nil {
+				return fmt.Errorf("schedule retries: %w", err)
+			}
+			rec.apply(ids)
+		}
+		if len(w.deaths.Ids) > 0 {
+			ids, err := s.q.MarkDead(ctx, tx, w.deaths)
+			if err != nil {
+				return fmt.Errorf("dead-letter rows: %w", err)
+			}
+			rec.apply(ids)
+		}
+		if len(w.releases.Ids) > 0 {
+			n, err := s.q.Release(ctx, tx, w.releases)
+			if err != nil {
+				return fmt.Errorf("release rows: %w", err)
+			}
+			rec.Released = n
+		}
+		crashpoint.Pause(crashpoint.SenderInRecord)
+		return s.recordHistory(ctx, tx, l.Holder, batch, rec)
+	})
+	if err != nil {
+		return Recorded{}, database.Classify(err)
+	}
+	return rec, nil
+}
+
+func (r *Recorded) apply(ids []int64) {
+	for _, id := range ids {
+		r.Applied[id] = true
+	}
+}
+
+// writes are a batch's results sorted by what they do, as the statements'
+// parameters.
+type writes struct {
+	link     outboxdb.LinkStudentsParams
+	linkRows map[uuid.UUID]Row // the delivered rows, by student
+	retries  outboxdb.ScheduleRetriesParams
+	deaths   outboxdb.MarkDeadParams
+	releases outboxdb.ReleaseParams
+}
+
+func sortResults(batch []Result) *writes {
+	w := &writes{linkRows: map[uuid.UUID]Row{}}
+	for _, r := range batch {
+		switch r.Outcome {
+		case outbox.OutcomeDelivered:
+			w.link.OutboxIds = append(w.link.OutboxIds, r.Row.ID)
+			w.link.StudentIds = append(w.link.StudentIds, r.Row.StudentID)
+			w.link.UserIds = append(w.link.UserIds, r.UserID)
+			w.linkRows[r.Row.StudentID] = r.Row
+		case outbox.OutcomeRetry:
+			w.retries.Ids = append(w.retries.Ids, r.Row.ID)
+			w.retries.LeaseTokens = append(w.retries.LeaseTokens, r.Row.LeaseToken)
+			w.retries.Delays = append(w.retries.Delays, r.Delay)
+			w.retries.Errors = append(w.retries.Errors, cleanError(r.Error))
+			w.retries.ReasonClasses = append(w.retries.ReasonClasses, r.Class)
+		case outbox.OutcomeDead:
+			w.dead(r.Row.ID, r.Row.LeaseToken, r.Error, r.Class)
+		case outbox.OutcomeReleased:
+			w.releases.Ids = append(w.releases.Ids, r.Row.ID)
+			w.releases.LeaseTokens = append(w.releases.LeaseTokens, r.Row.LeaseToken)
+		}
+	}
+	return w
+}
+
+func (w *writes) dead(id int64, lease uuid.UUID, msg, class string) {
+	w.deaths.Ids = append(w.deaths.Ids, id)
+	w.deaths.LeaseTokens = append(w.deaths.LeaseTokens, lease)
+	w.deaths.Errors = append(w.deaths.Errors, cleanError(msg))
+	w.deaths.ReasonClasses = append(w.deaths.ReasonClasses, class)
+}
+
+// link records user ids on their students and marks those rows delivered,
+// in one statement. A student already linked to a different user is never
+// overwritten: its row is dead-lettered as a conflict instead, without the
+// lease's fence (the answer is a fact about the key, not the lease; the nil
+// token skips the fence in MarkDead).
+func (s *Store) link(ctx context.Context, tx pgx.Tx, w *writes, rec *Recorded) error {
+	if len(w.link.StudentIds) == 0 {
+		return nil
+	}
+	linked, err := s.q.LinkStudents(ctx, tx, w.link)
+	if err != nil {
+		return fmt.Errorf("link students: %w", err)
+	}
+	done := make(map[uuid.UUID]bool, len(linked))
+	for _, l := range linked {
+		done[l.StudentID] = true
+		if l.Marked {
+			rec.Applied[w.linkRows[l.StudentID].ID] = true
+		}
+	}
+	for i, sid := range w.link.StudentIds {
+		if done[sid] {
+			continue
+		}
+		row, user := w.linkRows[sid], w.link.UserIds[i]
+		rec.Conflicts[row.ID] = user
+		w.dead(row.ID, uuid.Nil, ConflictError(user), outbox.ReasonConflict)
+	}
+	return nil
+}
+
+// ConflictError is the error recorded for a row whose student is linked to
+// another user than the one Users answered with.
+func ConflictError(answered uuid.UUID) string {
+	return fmt.Sprintf("student is already linked to a different user; Users answered %s", answered)
+}
+
+// recordHistory adds an event per attempt of the batch to the rows'
+// histories, trimming each to its newest HistoryKeep events (one
+// statement, RecordEvents). Rows handed back were not attempted, and a
+// retry or dead-letter that was not applied (another sender took the
+// lease over) is that sender's to tell.
+func (s *Store) recordHistory(ctx context.Context, tx pgx.Tx, actor string, batch []Result, rec Recorded) error {
+	ev := outboxdb.RecordEventsParams{Kind: "attempt", Actor: actor, Keep: HistoryKeep}
+	for _, r := range batch {
+		if r.Outcome == outbox.OutcomeReleased || (r.Outcome == outbox.OutcomeRetry || r.Outcome == outbox.OutcomeDead) && !rec.Applied[r.Row.ID] {
+			continue
+		}
+		outcome, class, why := r.Outcome, r.Class, r.Error
+		if user, ok := rec.Conflicts[r.Row.ID]; ok {
+			outcome, class, why = outbox.OutcomeDead, outbox.ReasonConflict, ConflictError(user)
+		}
+		ev.OutboxIds = append(ev.OutboxIds, r.Row.ID)
+		ev.Attempts = append(ev.Attempts, int32(r.Row.Attempts)) //nolint:gosec // attempts are an integer column
+		ev.Outcomes = append(ev.Outcomes, outcome)
+		ev.ReasonClasses = append(ev.ReasonClasses, class)
+		ev.Errors = append(ev.Errors, cleanError(why))
+		ev.IdempotencyKeys = append(ev.IdempotencyKeys, r.Row.IdempotencyKey)
+	}
+	if len(ev.OutboxIds) == 0 {
+		return nil
+	}
+	if err := s.q.RecordEvents(ctx, tx, ev); err != nil {
+		return fmt.Errorf("record history: %w", err)
+	}
+	return nil
+}
+
+// cleanError makes an error message storable: PostgreSQL text holds no NUL
+// and must be valid UTF-8, and a message from a remote server is bounded, so
+// that one odd answer can never make a whole batch unrecordable.
+func cleanError(msg string) string {
+	msg = strings.ToValidUTF8(strings.ReplaceAll(msg, "\x00", ""), "\uFFFD")
+	if len(msg) > 1000 {
+		msg = strings.ToValidUTF8(msg[:1000], "") + "…"
+	}
+	return msg
+}

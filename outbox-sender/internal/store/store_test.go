@@ -1,0 +1,197 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+var lease = Lease{Holder: "test-sender", For: time.Minute, MaxAge: time.Hour}
+
+// newStore returns a Student database with n students, and a Store on it
+// as the sender's role: the code under test runs with the sender's grants.
+func newStore(t *testing.T, n int) (*pgxpool.Pool, *Store, []uuid.UUID) {
+	t.Helper()
+	pool := pgtest.Pool(t, migrations.Student)
+	ids := pgtest.AddStudents(t, pool, n)
+	return pool, New(pgtest.As(t, pool, migrations.OutboxSender), 3*time.Second), ids
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	return apitest.Count(t, pool, sql, args...)
+}
+
+// TestClaimSkipsTheFlushWait: the claim, and only the claim, commits
+// without waiting for a WAL flush (see noFlushWait). Its setting and its
+// statement share one transaction, so the statement sees the setting; the
+// setting ends with that transaction, so nothing else on the connection
+// does. The database is set to synchronous commits first, as a production
+// server has it (the test cluster runs without them, for speed).
+func TestClaimSkipsTheFlushWait(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = on', current_database()); END $$")
+	require.NoError(t, err)
+	sender := pgtest.As(t, pool, migrations.OutboxSender)
+
+	show := func(q outboxdb.DBTX) string {
+		rows, err := q.Query(ctx, "SELECT current_setting('synchronous_commit')")
+		require.NoError(t, err)
+		defer rows.Close()
+		var v string
+		require.True(t, rows.Next())
+		require.NoError(t, rows.Scan(&v))
+		require.False(t, rows.Next())
+		require.NoError(t, rows.Err())
+		return v
+	}
+	require.Equal(t, "on", show(sender), "the sender's connections commit synchronously")
+	require.Equal(t, "off", show(noFlushWait{sender}), "a claim's transaction does not wait for the flush")
+	for range 3 { // whichever connection the pool hands out
+		require.Equal(t, "on", show(sender), "the setting ended with the claim's transaction")
+	}
+
+	// And the claim itself runs that way, returning its rows.
+	pgtest.AddStudents(t, pool, 2)
+	rows, err := New(sender, time.Second).ClaimDue(ctx, lease, 10)
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox WHERE claimed_by = 'test-sender' AND attempts = 1"))
+}
+
+// TestClaimDueLeavingNew: the table's claim beside a stream leaves a new,
+// untried row to the stream until it is older than the grace, and takes a
+// row tried before or redriven at once.
+func TestClaimDueLeavingNew(t *testing.T) {
+	t.Parallel()
+	pool, st, ids := newStore(t, 3)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, "UPDATE outbox SET attempts = 1 WHERE student_id = $1", ids[0])
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE outbox SET redrives = 1 WHERE student_id = $1", ids[1])
+	require.NoError(t, err)
+
+	rows, err := st.ClaimDueLeavingNew(ctx, lease, 10, time.Hour)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []uuid.UUID{ids[0], ids[1]}, []uuid.UUID{rows[0].StudentID, rows[1].StudentID})
+	require.Len(t, rows, 2, "the new row is the stream's")
+
+	_, err = pool.Exec(ctx, "UPDATE outbox SET available_at = now() - interval '2 hours' WHERE student_id = $1", ids[2])
+	require.NoError(t, err)
+	rows, err = st.ClaimDueLeavingNew(ctx, lease, 10, time.Hour)
+	require.NoError(t, err)
+	require.Len(t, rows, 1, "past the grace the table takes it")
+	require.Equal(t, ids[2], rows[0].StudentID)
+}
+
+// TestLateSuccessWinsOverDeadLetter: a sender whose lease ran out records a
+// 201 after another sender dead-lettered the row. The user exists in Users,
+// so the student is linked and the row is delivered, not left contradicting.
+// A stale retry, by contrast, is fenced out by the lease token.
+func TestLateSuccessWinsOverDeadLetter(t *testing.T) {
+	t.Parallel()
+	pool, st, ids := newStore(t, 1)
+	ctx := context.Background()
+	rows, err := st.ClaimDue(ctx, lease, 1)
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	_, err = pool.Exec(ctx, "UPDATE outbox SET state = 'dead', dead_at = now(), last_error = 'gave up'")
+	require.NoError(t, err)
+
+	user := uuid.New()
+	rec, err := st.Record(ctx, lease, []Result{{Row: rows[0], Outcome: outbox.OutcomeDelivered, UserID: user}})
+	require.NoError(t, err)
+	require.True(t, rec.Applied[rows[0].ID])
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE id = $1 AND user_id = $2", ids[0], user))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered' AND dead_at IS NULL AND last_error IS NULL"))
+
+	_, err = pool.Exec(ctx, "UPDATE outbox SET state = 'pending', lease_token = gen_random_uuid()")
+	require.NoError(t, err)
+	rec, err = st.Record(ctx, lease, []Result{{Row: rows[0], Outcome: outbox.OutcomeRetry, Error: "stale", Delay: time.Second}})
+	require.NoError(t, err)
+	require.False(t, rec.Applied[rows[0].ID], "the new lease holder's to record")
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM outbox WHERE last_error = 'stale'"))
+}
+
+// TestConflictIsDeadNotOverwritten: an answer whose user differs from the
+// one the student holds dead-letters the row as a conflict and leaves the
+// student's link as it is.
+func TestConflictIsDeadNotOverwritten(t *testing.T) {
+	t.Parallel()
+	pool, st, ids := newStore(t, 1)
+	ctx := context.Background()
+	rows, err := st.ClaimDue(ctx, lease, 1)
+	require.NoError(t, err)
+	other := uuid.New()
+	_, err = pool.Exec(ctx, "UPDATE students SET user_id = $1", other)
+	require.NoError(t, err)
+
+	answered := uuid.New()
+	rec, err := st.Record(ctx, lease, []Result{{Row: rows[0], Outcome: outbox.OutcomeDelivered, UserID: answered}})
+	require.NoError(t, err)
+	require.Equal(t, map[int64]uuid.UUID{rows[0].ID: answered}, rec.Conflicts)
+	require.True(t, rec.Applied[rows[0].ID])
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE id = $1 AND user_id = $2", ids[0], other))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead' AND reason_class = $1 AND last_error = $2",
+		outbox.ReasonConflict, ConflictError(answered)))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'dead' AND reason_class = $1", outbox.ReasonConflict))
+}
+
+// TestPurgeKeepsDeadRows: delivered rows past the retention go, with their
+// history; younger ones and every dead row stay.
+func TestPurgeKeepsDeadRows(t *testing.T) {
+	t.Parallel()
+	pool, st, _ := newStore(t, 6)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+		UPDATE outbox SET state = CASE WHEN id % 3 = 0 THEN 'dead' ELSE 'delivered' END,
+		       delivered_at = CASE WHEN id % 3 = 0 THEN NULL ELSE now() - interval '10 days' END,
+		       dead_at = CASE WHEN id % 3 = 0 THEN now() - interval '10 days' END`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE outbox SET delivered_at = now() WHERE id = (SELECT min(id) FROM outbox WHERE state = 'delivered')")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, actor, idempotency_key)
+		SELECT id, 'attempt', 1, state, 'test', idempotency_key FROM outbox`)
+	require.NoError(t, err)
+	n, err := st.PurgeDelivered(ctx, 7*24*time.Hour, 1)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "one batch at a time until none is left")
+	require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead'"))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'"))
+	require.Equal(t, 3, count(t, pool, "SELECT count(*) FROM outbox_events"), "history goes with its row")
+}
+
+// TestNewKeySafeIsTheStoresRule: a new-key redrive takes only the rows
+// whose class outbox.NewKeySafe lists, unless forced.
+func TestNewKeySafeIsTheStoresRule(t *testing.T) {
+	t.Parallel()
+	pool, st, _ := newStore(t, len(outbox.ReasonClasses))
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+		UPDATE outbox o SET state = 'dead', dead_at = now(), reason_class = c.class
+		FROM (SELECT id, ($1::text[])[row_number() OVER (ORDER BY id)] AS class FROM outbox) c
+		WHERE o.id = c.id`, outbox.ReasonClasses)
+	require.NoError(t, err)
+	ids, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true})
+	require.NoError(t, err)
+	require.Len(t, ids, len(outbox.NewKeySafe))
+	done, err := st.Redrive(ctx, ids, outbox.RedriveNewOperation, false, "test")
+	require.NoError(t, err)
+	require.Len(t, done, len(outbox.NewKeySafe))
+	require.Equal(t, len(outbox.NewKeySafe), count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'pending' AND cardinality(previous_keys) = 1"))
+	forced, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true, Force: true})
+	require.NoError(t, err)
+	require.Len(t, forced, len(outbox.ReasonClasses)-len(outbox.NewKeySafe))
+}

@@ -1,0 +1,100 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/internal/telemetry"
+	"github.com/outboxref/outboxref/outbox-sender/internal/store"
+)
+
+// attempt delivers one row, in a span of its own, and logs the attempt at
+// debug level: the sender's line about each delivery, next to Users'
+// request line with the same X-Request-Id.
+func (e *Engine) attempt(ctx context.Context, row store.Row) store.Result {
+	start := time.Now()
+	// One span per attempt, continuing the trace stored with the row, so
+	// that retries hours apart land in the trace of the request that wrote
+	// it.
+	ctx, endSpan := telemetry.StartDelivery(ctx, telemetry.Delivery{
+		Operation: row.Operation, OutboxID: row.ID, StudentID: row.StudentID.String(),
+		IdempotencyKey: row.IdempotencyKey.String(), Attempt: row.Attempts, TraceParent: row.TraceParent,
+	})
+	r, status := e.deliver(ctx, row)
+	endSpan(r.Outcome, r.Class, r.Error)
+	if !e.log.Enabled(ctx, slog.LevelDebug) {
+		return r
+	}
+	attrs := append(RowAttrs(row), slog.String("verdict", r.Outcome))
+	if status != 0 { // 0: no answer (or never sent, for an expired row)
+		attrs = append(attrs, slog.Int("status", status))
+	}
+	attrs = append(attrs, slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+	if r.Class != "" {
+		attrs = append(attrs, slog.String("reason_class", r.Class), slog.String("error", r.Error))
+	}
+	e.log.LogAttrs(ctx, slog.LevelDebug, "delivery", attrs...)
+	return r
+}
+
+// deliver sends one row through the transport and turns the answer into
+// the result to record. A row past its max age is dead-lettered unsent.
+func (e *Engine) deliver(ctx context.Context, row store.Row) (store.Result, int) {
+	if row.Expired {
+		return store.Result{Row: row, Outcome: dead, Class: outbox.ReasonExpired,
+			Error: fmt.Sprintf("gave up: the operation is older than SENDER_MAX_AGE=%s", e.cfg.Lease.MaxAge)}, 0
+	}
+	a := e.transport.Deliver(ctx, row)
+	switch a.Verdict {
+	case Delivered:
+		return store.Result{Row: row, Outcome: delivered, UserID: a.UserID}, a.Status
+	case Permanent:
+		return store.Result{Row: row, Outcome: dead, Class: a.Class, Error: a.Error}, a.Status
+	}
+	// The other side cannot push a row past the sender's own limits.
+	return e.retryOrDie(row, a.Class, a.Error, min(max(a.RetryAfter, 0), e.cfg.BackoffMax)), a.Status
+}
+
+// retryOrDie schedules another attempt with exponential backoff and jitter,
+// or dead-letters the row once its attempts are used up. Refused
+// credentials never use them up: the cap is a safety net for a row that
+// keeps failing, and under a wrong token every row fails alike, so the cap
+// would dead-letter the whole outbox over one configuration mistake.
+// SENDER_MAX_AGE still applies to them (ScheduleRetries never schedules a
+// retry past it): a refusal proves this attempt did nothing, not that no
+// earlier one did, and Users remembers a key for USERS_INBOX_RETENTION only.
+func (e *Engine) retryOrDie(row store.Row, class, why string, atLeast time.Duration) store.Result {
+	if row.Attempts >= e.cfg.MaxAttempts && class != outbox.ReasonUsersAuthRefused {
+		return store.Result{Row: row, Outcome: dead, Class: outbox.ReasonAttemptsExhausted,
+			Error: fmt.Sprintf("gave up after %d attempts; last error (%s): %s", row.Attempts, class, why)}
+	}
+	return store.Result{Row: row, Outcome: retry, Class: class, Error: why, Delay: max(e.backoff(row.Attempts), atLeast)}
+}
+
+// backoff doubles from BackoffMin with each attempt up to BackoffMax, then
+// keeps a random half of it ("equal jitter"): senders that failed together
+// spread out instead of retrying in lockstep.
+func (e *Engine) backoff(attempt int) time.Duration {
+	d := e.cfg.BackoffMax
+	// Shift only while it cannot overflow: past that the cap applies anyway.
+	if shift := max(attempt-1, 0); shift < 62 && e.cfg.BackoffMin <= e.cfg.BackoffMax>>shift {
+		d = e.cfg.BackoffMin << shift
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// RowAttrs name one delivery attempt in every log line about it. The
+// idempotency key follows the operation into Users' logs; the outbox id and
+// student id find the row and the student in Student's database.
+func RowAttrs(row store.Row) []slog.Attr {
+	return []slog.Attr{
+		slog.String("idempotency_key", row.IdempotencyKey.String()),
+		slog.Int64("outbox_id", row.ID),
+		slog.String("student_id", row.StudentID.String()),
+		slog.Int("attempt", row.Attempts),
+	}
+}
