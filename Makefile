@@ -35,9 +35,10 @@ lint:
 generate:
 	$(SQLC) generate
 
-## check-generated: fail when the committed sqlc code is stale
+## check-generated: fail when the committed sqlc code is stale, or a query does not fit a schema it runs on
 check-generated:
 	$(SQLC) diff
+	$(SQLC) vet
 
 ## vet: go vet, over the plain and the e2e build
 vet:
