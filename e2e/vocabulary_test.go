@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,15 +18,4 @@ import (
 func TestStudentReasonClassesMatchSender(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, slices.Sorted(slices.Values(sender.ReasonClasses)), studentsvc.ReasonClasses())
-}
-
-// TestStudentDoesNotImportSender is why the list above is a copy: Student's
-// binary is built without the sender's code.
-func TestStudentDoesNotImportSender(t *testing.T) {
-	t.Parallel()
-	deps := goList(t, "-deps", "./services/student")
-	require.Contains(t, deps, module+"/services/student/studentsvc")
-	for _, d := range deps {
-		require.False(t, strings.HasPrefix(d, module+"/outbox-sender"), "Student imports %s", d)
-	}
 }

@@ -1,4 +1,4 @@
-package e2e
+package deploy
 
 // This file checks docker-compose.yml and the Dockerfile against the code,
 // without Docker: the compose file is read by the same library Docker Compose
@@ -7,8 +7,7 @@ package e2e
 // migration that does not run first would otherwise only show up when
 // somebody runs `docker compose up`.
 //
-// It carries no build tag on purpose, so that plain `go test ./...` runs it;
-// the fault-injection suite in this folder is the part behind `-tags e2e`.
+// It carries no build tag on purpose, so that plain `go test ./...` runs it.
 
 import (
 	"cmp"
