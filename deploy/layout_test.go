@@ -59,7 +59,7 @@ func TestShippedBinariesImportNoScaffolding(t *testing.T) {
 
 // TestShippedBinariesAreTheImagesBinaries: shippedBinaries are exactly
 // the packages the Dockerfile builds into its final image (read as
-// compose_test.go reads it) and those make build builds, so that a binary
+// dockerfile_test.go reads it) and those make build builds, so that a binary
 // added to either is checked for scaffolding too.
 func TestShippedBinariesAreTheImagesBinaries(t *testing.T) {
 	t.Parallel()
