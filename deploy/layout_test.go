@@ -2,8 +2,8 @@ package deploy
 
 // This file checks the layout's promise: the shipped binaries are built
 // from the pattern's packages only. Test and dev scaffolding (testkit/,
-// e2e/) and the crash points of the fault-injection builds never reach
-// them.
+// e2e/, and this package's checks in deploy/) and the crash points of the
+// fault-injection builds never reach them.
 
 import (
 	"os"
@@ -30,7 +30,13 @@ func goList(t *testing.T, args ...string) []string {
 	return out
 }
 
-// scaffolding reports the packages of deps that are test or dev scaffolding.
+// scaffoldingFolders are the repository's folders of test and dev
+// scaffolding: the test tooling, the fault-injection suite, and the
+// deployment checks.
+var scaffoldingFolders = []string{"testkit", "e2e", "deploy"}
+
+// scaffolding reports the packages of deps that are test or dev scaffolding:
+// those in one of scaffoldingFolders, or below one.
 func scaffolding(deps []string) []string {
 	var bad []string
 	for _, d := range deps {
@@ -38,7 +44,7 @@ func scaffolding(deps []string) []string {
 		if !ok {
 			continue
 		}
-		if strings.HasPrefix(rel, "testkit/") || strings.HasPrefix(rel, "e2e") {
+		if top, _, _ := strings.Cut(rel, "/"); slices.Contains(scaffoldingFolders, top) {
 			bad = append(bad, d)
 		}
 	}
@@ -53,7 +59,15 @@ func TestShippedBinariesImportNoScaffolding(t *testing.T) {
 	require.Contains(t, deps, Module+"/internal/inbox", "go list -deps must list the binaries' own packages")
 	require.Contains(t, deps, Module+"/lab/faultlab", "go list -deps must list every shipped binary's packages")
 	require.Empty(t, scaffolding(deps), "a shipped binary imports test or dev scaffolding")
-	require.Equal(t, []string{Module + "/testkit/pgtest"}, scaffolding([]string{Module + "/testkit/pgtest", Module + "/internal/inbox"}),
+
+	// The check itself must catch a scaffolding import: it counts every
+	// package in the scaffolding folders, as go list finds them, and no
+	// package of the binaries.
+	scaffold := goList(t, "./testkit/...", "./e2e/...", "./deploy/...")
+	for _, pkg := range []string{"testkit/pgtest", "e2e", "deploy"} {
+		require.Contains(t, scaffold, Module+"/"+pkg, "go list must find the scaffolding")
+	}
+	require.Equal(t, scaffold, scaffolding(slices.Concat(scaffold, deps)),
 		"the check itself must catch a scaffolding import")
 }
 
