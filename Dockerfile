@@ -2,10 +2,10 @@
 
 # One image holds all four binaries (Student, Users, the outbox sender and
 # the fault lab); docker-compose.yml picks the binary per service with
-# `command:`. e2e/compose_test.go reads this file: it checks that every
-# binary compose runs, as a command or as a healthcheck, is built by the
-# `go build` line below, and that every port a service listens on, published
-# or not, is in EXPOSE.
+# `command:`. The checks in deploy/ read this file (dockerfile_test.go
+# there parses it): every binary compose runs, as a command or as a
+# healthcheck, must be built by the `go build` line below, and every port a
+# service listens on, published or not, must be in EXPOSE.
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
@@ -16,8 +16,9 @@ COPY go.mod go.sum ./
 RUN go mod download
 
 # Only the folders the four binaries import (go list -deps shows them).
-# testkit/ and e2e/ are test scaffolding that no shipped binary imports
-# (e2e/layout_test.go checks that), so they stay out of the image.
+# testkit/, e2e/ and the Go code in deploy/ are test scaffolding that no
+# shipped binary imports (deploy/layout_test.go checks that), so they stay
+# out of the image.
 COPY db/ db/
 COPY internal/ internal/
 COPY services/ services/

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/deploy"
 )
 
 // TestBrokenPatchesApply keeps the broken variants usable: each must still
@@ -48,7 +50,7 @@ func TestBrokenPatchesApply(t *testing.T) {
 				require.Contains(t, string(patched), "BROKEN on purpose")
 			}
 
-			goCmd := goCommand()
+			goCmd := deploy.GoCommand()
 			pkg := "./" + path.Dir(p.File)
 			// With the suite's build tag, as the harness builds it.
 			cmd := exec.Command(goCmd, "build", "-tags", "crashpoints", "-overlay", overlayPath, pkg)
@@ -60,10 +62,12 @@ func TestBrokenPatchesApply(t *testing.T) {
 			// names. Each must contain the patched package, and no shipped
 			// binary that contains it may be left out, or it would run the
 			// good code in a broken build.
-			patched := module + "/" + path.Dir(p.File)
+			patched := deploy.Module + "/" + path.Dir(p.File)
 			var want []string
-			for _, bin := range systemBinaries {
-				if slices.Contains(goList(t, "-deps", bin), patched) {
+			for _, bin := range deploy.SystemBinaries() {
+				deps, err := deploy.GoList(root, "-deps", bin)
+				require.NoError(t, err)
+				if slices.Contains(deps, patched) {
 					want = append(want, bin)
 				}
 			}

@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/deploy"
 )
 
 // TestDashboardMetricsAreExported runs the three real binaries, puts one
@@ -29,7 +31,8 @@ import (
 // whose label value the code spells differently, would otherwise stay
 // empty in Grafana without anyone noticing.
 func TestDashboardMetricsAreExported(t *testing.T) {
-	selectors := dashboardSelectors(t)
+	selectors, err := deploy.DashboardSelectors(suite.root)
+	require.NoError(t, err)
 	s := newScenario(t, scenarioDef{id: "00-dashboard", title: "one student through, for the dashboard's metrics",
 		opts: scenarioOptions{senders: 1}}, suite.good)
 
@@ -92,13 +95,15 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 		var named []string // binaries exporting the name, with other labels
 		found := false
 		for _, bin := range slices.Sorted(maps.Keys(series)) {
-			labelSets, ok := series[bin][use.name]
+			labelSets, ok := series[bin][use.Name]
 			if !ok {
 				continue
 			}
 			named = append(named, bin)
 			for _, labels := range labelSets {
-				if selects(t, use.selector, labels) {
+				selected, err := use.Selects(labels)
+				require.NoError(t, err)
+				if selected {
 					found = true
 				}
 			}
@@ -106,10 +111,10 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 		switch {
 		case found:
 		case len(named) == 0:
-			missing = append(missing, fmt.Sprintf("%s (panels %q): no binary exports %s", key, use.panels, use.name))
+			missing = append(missing, fmt.Sprintf("%s (panels %q): no binary exports %s", key, use.Panels, use.Name))
 		default:
 			missing = append(missing, fmt.Sprintf("%s (panels %q): %v export %s, but no series with these labels: %v",
-				key, use.panels, named, use.name, labelSetsOf(series, named, use.name)))
+				key, use.Panels, named, use.Name, labelSetsOf(series, named, use.Name)))
 		}
 	}
 	require.Empty(t, missing, "the dashboard queries series the binaries do not export:\n  %s", strings.Join(missing, "\n  "))
@@ -164,19 +169,6 @@ func samples(families []*dto.MetricFamily) map[string][]map[string]string {
 		}
 	}
 	return out
-}
-
-// selects says whether sel selects a series with these labels.
-func selects(t *testing.T, sel selector, labels map[string]string) bool {
-	t.Helper()
-	for _, m := range sel.matchers {
-		ok, err := m.matches(labels)
-		require.NoError(t, err, "%s", sel)
-		if !ok {
-			return false
-		}
-	}
-	return true
 }
 
 // labelSetsOf lists the label sets the binaries export for name, for a

@@ -19,6 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outboxref/outboxref/deploy"
 	"github.com/outboxref/outboxref/internal/invariant"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 )
@@ -208,7 +209,7 @@ func brokenVariants() []string {
 }
 
 func goBuild(outDir, overlay string, pkgs ...string) error {
-	goCmd := goCommand()
+	goCmd := deploy.GoCommand()
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}

@@ -1,66 +1,50 @@
-package e2e
+package deploy
 
 // This file checks the layout's promise: the shipped binaries are built
-// from the pattern's packages only. Test and dev scaffolding (testkit/, this
-// folder) and the crash points of the fault-injection builds never reach
-// them.
+// from the pattern's packages only. Test and dev scaffolding (testkit/,
+// e2e/, and this package's checks in deploy/) and the crash points of the
+// fault-injection builds never reach them.
 
 import (
-	"context"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
-
-const module = "github.com/outboxref/outboxref"
-
-// systemBinaries are the pattern's own binaries: the two services and the
-// sender, the system the e2e suite puts under test (and rebuilds with a
-// broken variant's code).
-var systemBinaries = []string{"./services/student", "./services/users", "./outbox-sender"}
 
 // shippedBinaries are the packages the Dockerfile builds (and make build,
 // which should build the same): the system's binaries and the fault lab,
 // which docker-compose.yml runs beside them and which watches the system
 // rather than being part of it.
-var shippedBinaries = append(slices.Clone(systemBinaries), "./lab")
+var shippedBinaries = append(SystemBinaries(), "./lab")
 
+// goList runs go list in the repository's root.
 func goList(t *testing.T, args ...string) []string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, goCommand(), append([]string{"list"}, args...)...)
-	cmd.Dir = repoRoot
-	out, err := cmd.Output()
-	require.NoError(t, err, "go list %v", args)
-	return strings.Fields(string(out))
+	out, err := GoList(repoRoot, args...)
+	require.NoError(t, err)
+	return out
 }
 
-// goCommand is the go command: the one on PATH, as make and CI have it, or
-// the one in /usr/local/go, where this machine's Go lives.
-func goCommand() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return "/usr/local/go/bin/go"
-}
+// scaffoldingFolders are the repository's folders of test and dev
+// scaffolding: the test tooling, the fault-injection suite, and the
+// deployment checks.
+var scaffoldingFolders = []string{"testkit", "e2e", "deploy"}
 
-// scaffolding reports the packages of deps that are test or dev scaffolding.
+// scaffolding reports the packages of deps that are test or dev scaffolding:
+// those in one of scaffoldingFolders, or below one.
 func scaffolding(deps []string) []string {
 	var bad []string
 	for _, d := range deps {
-		rel, ok := strings.CutPrefix(d, module+"/")
+		rel, ok := strings.CutPrefix(d, Module+"/")
 		if !ok {
 			continue
 		}
-		if strings.HasPrefix(rel, "testkit/") || strings.HasPrefix(rel, "e2e") {
+		if top, _, _ := strings.Cut(rel, "/"); slices.Contains(scaffoldingFolders, top) {
 			bad = append(bad, d)
 		}
 	}
@@ -72,16 +56,24 @@ func scaffolding(deps []string) []string {
 func TestShippedBinariesImportNoScaffolding(t *testing.T) {
 	t.Parallel()
 	deps := goList(t, append([]string{"-deps"}, shippedBinaries...)...)
-	require.Contains(t, deps, module+"/internal/inbox", "go list -deps must list the binaries' own packages")
-	require.Contains(t, deps, module+"/lab/faultlab", "go list -deps must list every shipped binary's packages")
+	require.Contains(t, deps, Module+"/internal/inbox", "go list -deps must list the binaries' own packages")
+	require.Contains(t, deps, Module+"/lab/faultlab", "go list -deps must list every shipped binary's packages")
 	require.Empty(t, scaffolding(deps), "a shipped binary imports test or dev scaffolding")
-	require.Equal(t, []string{module + "/testkit/pgtest"}, scaffolding([]string{module + "/testkit/pgtest", module + "/internal/inbox"}),
+
+	// The check itself must catch a scaffolding import: it counts every
+	// package in the scaffolding folders, as go list finds them, and no
+	// package of the binaries.
+	scaffold := goList(t, "./testkit/...", "./e2e/...", "./deploy/...")
+	for _, pkg := range []string{"testkit/pgtest", "e2e", "deploy"} {
+		require.Contains(t, scaffold, Module+"/"+pkg, "go list must find the scaffolding")
+	}
+	require.Equal(t, scaffold, scaffolding(slices.Concat(scaffold, deps)),
 		"the check itself must catch a scaffolding import")
 }
 
 // TestShippedBinariesAreTheImagesBinaries: shippedBinaries are exactly
 // the packages the Dockerfile builds into its final image (read as
-// compose_test.go reads it) and those make build builds, so that a binary
+// dockerfile_test.go reads it) and those make build builds, so that a binary
 // added to either is checked for scaffolding too.
 func TestShippedBinariesAreTheImagesBinaries(t *testing.T) {
 	t.Parallel()
@@ -122,9 +114,9 @@ func TestShippedBinariesAreTheImagesBinaries(t *testing.T) {
 func TestNothingInInternalImportsABinary(t *testing.T) {
 	t.Parallel()
 	deps := goList(t, "-deps", "./internal/...")
-	require.Contains(t, deps, module+"/internal/httpapi")
+	require.Contains(t, deps, Module+"/internal/httpapi")
 	for _, d := range deps {
-		require.False(t, strings.HasPrefix(d, module+"/services/") || strings.HasPrefix(d, module+"/outbox-sender") || strings.HasPrefix(d, module+"/lab"),
+		require.False(t, strings.HasPrefix(d, Module+"/services/") || strings.HasPrefix(d, Module+"/outbox-sender") || strings.HasPrefix(d, Module+"/lab"),
 			"internal/ imports %s", d)
 	}
 }
@@ -153,4 +145,17 @@ func TestCrashPointsAreNotShipped(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"crashpoint.go", "off.go"}, files(""), "a shipped build")
 	require.ElementsMatch(t, []string{"crashpoint.go", "on.go"}, files("crashpoints"), "the e2e suite's build")
+}
+
+// TestStudentDoesNotImportSender: Student keeps its own copy of the
+// sender's reason classes (TestStudentReasonClassesMatchSender, in e2e/,
+// keeps the two lists equal) because Student's binary is built without the
+// sender's code.
+func TestStudentDoesNotImportSender(t *testing.T) {
+	t.Parallel()
+	deps := goList(t, "-deps", "./services/student")
+	require.Contains(t, deps, Module+"/services/student/studentsvc")
+	for _, d := range deps {
+		require.False(t, strings.HasPrefix(d, Module+"/outbox-sender"), "Student imports %s", d)
+	}
 }
