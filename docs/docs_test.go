@@ -1,12 +1,16 @@
 // Package docs holds the documentation's tests: every relative link in the
-// repository's Markdown files leads somewhere that exists.
+// repository's Markdown files leads somewhere that exists, and the README
+// stays a short front door to the pages in this folder.
 package docs
 
 import (
 	"fmt"
 	"io/fs"
+	"iter"
+	"maps"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -61,7 +65,7 @@ var (
 
 // prose yields the lines of a Markdown text that are not inside a fenced
 // code block, with their line numbers.
-func prose(text string) func(yield func(int, string) bool) {
+func prose(text string) iter.Seq2[int, string] {
 	return func(yield func(int, string) bool) {
 		inFence := false
 		marker := ""
@@ -199,6 +203,61 @@ func TestLinksResolve(t *testing.T) {
 	require.Empty(t, brokenLinks(fsys, files))
 }
 
+// maxReadmeLines is how long the README may grow: it is the front door,
+// and everything else has a page under docs/.
+const maxReadmeLines = 300
+
+// mapHeading is the README's section whose table maps the documentation.
+const mapHeading = "## Documentation"
+
+// unmappedPages lists the pages under docs/ (as docs/name.md) that the
+// README's documentation map does not link to, and what is wrong with
+// each page's opening: a # title, then a link back to the README.
+func unmappedPages(readme string, pages map[string]string) []string {
+	_, section, found := strings.Cut(readme, "\n"+mapHeading+"\n")
+	if !found {
+		return []string{"README.md has no " + mapHeading + " section"}
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	mapped := map[string]bool{}
+	for _, m := range link.FindAllStringSubmatch(section, -1) {
+		target, _, _ := strings.Cut(m[2], "#")
+		mapped[path.Clean(target)] = true
+	}
+	var wrong []string
+	for _, name := range slices.Sorted(maps.Keys(pages)) {
+		if !mapped[name] {
+			wrong = append(wrong, name+": not in the README's documentation map")
+		}
+		lines := strings.SplitN(pages[name], "\n", 4)
+		if len(lines) < 3 || !strings.HasPrefix(lines[0], "# ") || !strings.Contains(lines[2], "](../README.md)") {
+			wrong = append(wrong, name+": does not open with a # title and, below it, a link back to ../README.md")
+		}
+	}
+	return wrong
+}
+
+// TestReadmeIsAFrontDoor: the README stays short, and every page under
+// docs/ is in its documentation map, opens with its title and links back.
+func TestReadmeIsAFrontDoor(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	require.NoError(t, err)
+	lines := strings.Count(string(readme), "\n")
+	require.LessOrEqual(t, lines, maxReadmeLines, "README.md has %d lines: move the detail to a page under docs/", lines)
+
+	names, err := filepath.Glob("*.md")
+	require.NoError(t, err)
+	require.NotEmpty(t, names)
+	pages := map[string]string{}
+	for _, name := range names {
+		b, err := os.ReadFile(name)
+		require.NoError(t, err)
+		pages["docs/"+name] = string(b)
+	}
+	require.Empty(t, unmappedPages(string(readme), pages))
+}
+
 // TestLinkCheckerCatchesMistakes proves the checks above can fail.
 func TestLinkCheckerCatchesMistakes(t *testing.T) {
 	t.Parallel()
@@ -221,6 +280,23 @@ func TestLinkCheckerCatchesMistakes(t *testing.T) {
 		"docs/page.md:4: ![broken image](page.png): no such file or folder",
 		"docs/page.md:5: [not a heading](#not-a-heading): docs/page.md has no heading #not-a-heading",
 	}, brokenLinks(fsys, []string{"README.md", "docs/page.md"}))
+
+	readme := "# Top\n\n## Documentation\n\n| Page | What |\n|---|---|\n| [One](docs/one.md) | x |\n| [Two](docs/two.md#two) | y |\n\n" +
+		"## Elsewhere\n\n[Three](docs/three.md)\n"
+	page := func(title string) string {
+		return "# " + title + "\n\n← [README](../README.md)\n\nWhat it answers.\n"
+	}
+	require.Empty(t, unmappedPages(readme, map[string]string{"docs/one.md": page("One"), "docs/two.md": page("Two")}))
+	require.Equal(t, []string{
+		"docs/one.md: does not open with a # title and, below it, a link back to ../README.md",
+		"docs/three.md: not in the README's documentation map",
+		"docs/two.md: does not open with a # title and, below it, a link back to ../README.md",
+	}, unmappedPages(readme, map[string]string{
+		"docs/one.md":   "One\n\n← [README](../README.md)\n",
+		"docs/two.md":   "# Two\n\nNo way back.\n",
+		"docs/three.md": page("Three"),
+	}))
+	require.Equal(t, []string{"README.md has no ## Documentation section"}, unmappedPages("# Top\n", nil))
 
 	require.Equal(t, "change-data-capture-sender_sourcecdc", slug("Change data capture (`SENDER_SOURCE=cdc`)"))
 	require.Equal(t, "dead-letters-a-runbook", slug("Dead letters: a runbook"))
