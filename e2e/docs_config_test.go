@@ -18,8 +18,8 @@ import (
 	"github.com/outboxref/outboxref/services/users/usersvc"
 )
 
-// configLoaders are the binaries' config loaders, by the README heading of
-// their configuration table.
+// configLoaders are the binaries' config loaders, by the heading of their
+// configuration table in docs/configuration.md.
 var configLoaders = map[string]func(func(string) string) *envconfig.Reader{
 	"student":       func(g func(string) string) *envconfig.Reader { _, r, _ := studentsvc.LoadConfig(g); return r },
 	"users":         func(g func(string) string) *envconfig.Reader { _, r, _ := usersvc.LoadConfig(g); return r },
@@ -27,13 +27,16 @@ var configLoaders = map[string]func(func(string) string) *envconfig.Reader{
 	"lab":           func(g func(string) string) *envconfig.Reader { _, r, _ := faultlab.LoadConfig(g); return r },
 }
 
-// readmeConfig reads the README's configuration tables: for each binary's
+// configTables reads the configuration page's tables: for each binary's
 // heading (a line such as **student**), its rows' variable and default.
-func readmeConfig(t *testing.T, readme string) map[string]map[string]string {
+// The tables are the page's # Configuration section, up to its next
+// heading of level 2 (or 1).
+func configTables(t *testing.T, page string) map[string]map[string]string {
 	t.Helper()
-	_, section, found := strings.Cut(readme, "## Configuration")
-	require.True(t, found, "the README has no ## Configuration section")
+	section, found := strings.CutPrefix(page, "# Configuration\n")
+	require.True(t, found, "the configuration page does not begin with # Configuration")
 	section, _, _ = strings.Cut(section, "\n## ")
+	section, _, _ = strings.Cut(section, "\n# ")
 	heading := regexp.MustCompile(`^\*\*([a-z-]+)\*\*$`)
 	row := regexp.MustCompile("^\\| `([A-Z_]+)` \\| ([^|]*) \\|")
 	tables := map[string]map[string]string{}
@@ -51,35 +54,38 @@ func readmeConfig(t *testing.T, readme string) map[string]map[string]string {
 	return tables
 }
 
-// TestReadmeConfigurationMatchesCode keeps the README's configuration tables
-// and the binaries in step: each binary's table lists exactly the variables
-// its LoadConfig reads, each with the default LoadConfig uses.
-func TestReadmeConfigurationMatchesCode(t *testing.T) {
+// configPage is the documentation page that holds the configuration tables.
+const configPage = "docs/configuration.md"
+
+// TestDocsConfigurationMatchesCode keeps the configuration page's tables and
+// the binaries in step: each binary's table lists exactly the variables its
+// LoadConfig reads, each with the default LoadConfig uses.
+func TestDocsConfigurationMatchesCode(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../README.md")
+	page, err := os.ReadFile("../" + configPage)
 	require.NoError(t, err)
-	tables := readmeConfig(t, string(readme))
+	tables := configTables(t, string(page))
 	require.Len(t, tables, len(configLoaders), "one configuration table per binary")
 	for name, load := range configLoaders {
 		table, ok := tables[name]
-		require.True(t, ok, "README has no configuration table headed **%s**", name)
+		require.True(t, ok, "%s has no configuration table headed **%s**", configPage, name)
 		vars := load(func(string) string { return "" }).Vars()
-		require.Len(t, table, len(vars), "%s: README rows %v", name, table)
+		require.Len(t, table, len(vars), "%s: %s rows %v", name, configPage, table)
 		for _, v := range vars {
 			cell, ok := table[v.Name]
-			require.True(t, ok, "%s reads %s, which the README's table does not list", name, v.Name)
+			require.True(t, ok, "%s reads %s, which the table in %s does not list", name, v.Name, configPage)
 			require.NoError(t, sameDefault(cell, v.Default), "%s %s", name, v.Name)
 		}
 	}
 }
 
-// sameDefault compares a README cell such as `5s`, `10000` or `:8080` with
+// sameDefault compares a table cell such as `5s`, `10000` or `:8080` with
 // a default from the code, by its type. A variable without a default (a
 // secret, or its _FILE form; its code default is "") is written none.
 func sameDefault(cell string, def any) error {
 	if cell == "none" || def == "" {
 		if cell != "none" || def != "" {
-			return fmt.Errorf("README says %s, the code %q: write none for no default, and only then", cell, def)
+			return fmt.Errorf("the docs say %s, the code %q: write none for no default, and only then", cell, def)
 		}
 		return nil
 	}
@@ -101,13 +107,13 @@ func sameDefault(cell string, def any) error {
 		return fmt.Errorf("default of type %T: teach this test to compare it", def)
 	}
 	if !same {
-		return fmt.Errorf("README says %s, the code %v", cell, def)
+		return fmt.Errorf("the docs say %s, the code %v", cell, def)
 	}
 	return nil
 }
 
-// TestReadmeConfigCheckerCatchesMistakes proves the check above can fail.
-func TestReadmeConfigCheckerCatchesMistakes(t *testing.T) {
+// TestDocsConfigCheckerCatchesMistakes proves the check above can fail.
+func TestDocsConfigCheckerCatchesMistakes(t *testing.T) {
 	t.Parallel()
 	require.NoError(t, sameDefault("`5s`", 5*time.Second))
 	require.NoError(t, sameDefault("`10,000`", 10000))
@@ -118,6 +124,8 @@ func TestReadmeConfigCheckerCatchesMistakes(t *testing.T) {
 	require.NoError(t, sameDefault("none", ""))
 	require.Error(t, sameDefault("none", "x"))
 	require.Error(t, sameDefault("``", ""))
-	tables := readmeConfig(t, "## Configuration\n**users**\n| `USERS_X` | `1s` | x |\n## Next\n| `NOT_ME` | `2` | y |\n")
+	tables := configTables(t, "# Configuration\n**users**\n| `USERS_X` | `1s` | x |\n## Next\n| `NOT_ME` | `2` | y |\n")
 	require.Equal(t, map[string]map[string]string{"users": {"USERS_X": "`1s`"}}, tables)
+	tables = configTables(t, "# Configuration\n**lab**\n| `LAB_X` | none | x |\n# Another page's title\n**users**\n| `USERS_X` | `1s` | x |\n")
+	require.Equal(t, map[string]map[string]string{"lab": {"LAB_X": "none"}}, tables)
 }
