@@ -1,9 +1,11 @@
 package deploy
 
-// This file checks the layout's promise: the shipped binaries are built
+// This file checks the layout's promise: the system's binaries are built
 // from the pattern's packages only. Test and dev scaffolding (testkit/,
 // e2e/, and this package's checks in deploy/) and the crash points of the
-// fault-injection builds never reach them.
+// fault-injection builds never reach them. The fault lab, a teaching tool
+// shipped beside them, takes one piece of scaffolding: the invariant
+// checker it shows live.
 
 import (
 	"os"
@@ -55,10 +57,13 @@ func scaffolding(deps []string) []string {
 // graph with go list -deps.
 func TestShippedBinariesImportNoScaffolding(t *testing.T) {
 	t.Parallel()
-	deps := goList(t, append([]string{"-deps"}, shippedBinaries...)...)
+	deps := goList(t, append([]string{"-deps"}, SystemBinaries()...)...)
 	require.Contains(t, deps, Module+"/internal/inbox", "go list -deps must list the binaries' own packages")
-	require.Contains(t, deps, Module+"/lab/faultlab", "go list -deps must list every shipped binary's packages")
-	require.Empty(t, scaffolding(deps), "a shipped binary imports test or dev scaffolding")
+	require.Empty(t, scaffolding(deps), "a system binary imports test or dev scaffolding")
+	lab := goList(t, "-deps", "./lab")
+	require.Contains(t, lab, Module+"/lab/faultlab", "go list -deps must list every shipped binary's packages")
+	require.Equal(t, []string{Module + "/testkit/invariant"}, scaffolding(lab),
+		"the fault lab takes the invariant checker from the scaffolding, and nothing else")
 
 	// The check itself must catch a scaffolding import: it counts every
 	// package in the scaffolding folders, as go list finds them, and no
@@ -147,10 +152,8 @@ func TestCrashPointsAreNotShipped(t *testing.T) {
 	require.ElementsMatch(t, []string{"crashpoint.go", "on.go"}, files("crashpoints"), "the e2e suite's build")
 }
 
-// TestStudentDoesNotImportSender: Student keeps its own copy of the
-// sender's reason classes (TestStudentReasonClassesMatchSender, in e2e/,
-// keeps the two lists equal) because Student's binary is built without the
-// sender's code.
+// TestStudentDoesNotImportSender: Student's binary is built without the
+// sender's code; the words both speak come from internal/outbox.
 func TestStudentDoesNotImportSender(t *testing.T) {
 	t.Parallel()
 	deps := goList(t, "-deps", "./services/student")

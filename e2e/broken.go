@@ -1,6 +1,6 @@
 // Package e2e is the end-to-end fault-injection suite: it runs the real
 // binaries against real PostgreSQL, breaks things, and proves with numbers
-// (internal/invariant) that nothing was lost and nothing was duplicated.
+// (testkit/invariant) that nothing was lost and nothing was duplicated.
 // The suite itself is behind the e2e build tag (make e2e); the pieces that
 // need no running system, such as the broken-build patches, build without
 // it so that make test covers them.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outboxref/internal/invariant"
+	"github.com/outboxref/outboxref/testkit/invariant"
 )
 
 // cdcScenarios are the faults of the change-data-capture source alone

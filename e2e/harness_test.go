@@ -25,8 +25,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
-	"github.com/outboxref/outboxref/internal/invariant"
 	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/invariant"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/outboxref/outboxref/deploy"
-	"github.com/outboxref/outboxref/internal/invariant"
+	"github.com/outboxref/outboxref/testkit/invariant"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 )
 

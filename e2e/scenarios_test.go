@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outboxref/internal/invariant"
+	"github.com/outboxref/outboxref/testkit/invariant"
 )
 
 // scenarios are the faults of the issues, in order: the ten of the first,

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outboxref/internal/invariant"
+	"github.com/outboxref/outboxref/testkit/invariant"
 )
 
 // How fresh the page's figures are. Several open pages share one reading
