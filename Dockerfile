@@ -11,23 +11,29 @@ FROM golang:1.26-bookworm AS build
 WORKDIR /src
 
 # Modules change far less often than code: download them in their own layer
-# so an edit to a .go file does not download them again.
+# so an edit to a .go file does not download them again. The fault lab is a
+# module of its own (lab/go.mod), so that the toxiproxy it uses stays out of
+# the go.mod a copier of the pattern inherits.
 COPY go.mod go.sum ./
-RUN go mod download
+COPY lab/go.mod lab/go.sum lab/
+RUN go mod download && cd lab && go mod download
 
-# Only the folders the four binaries import (go list -deps shows them).
-# testkit/, e2e/ and the Go code in deploy/ are test scaffolding that no
-# shipped binary imports (deploy/layout_test.go checks that), so they stay
-# out of the image.
+# Only the folders the four binaries import (go list -deps shows them; the
+# lab's invariant checker is the one piece of testkit/ it takes).
+# deploy/layout_test.go checks that every one is copied and none ignored.
 COPY db/ db/
 COPY internal/ internal/
 COPY services/ services/
 COPY outbox-sender/ outbox-sender/
 COPY lab/ lab/
+COPY testkit/invariant/ testkit/invariant/
 
-# Static binaries (no cgo), so the final image needs no libc. -trimpath keeps
-# build paths out of the binaries, -s -w drops the symbol tables.
+# One workspace of the two modules, as the repository's go.work has it
+# (which also names modules the image leaves out). Static binaries (no cgo),
+# so the final image needs no libc. -trimpath keeps build paths out of the
+# binaries, -s -w drops the symbol tables.
 RUN --mount=type=cache,target=/root/.cache/go-build \
+    go work init . ./lab && \
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./services/student ./services/users ./outbox-sender ./lab
 
 # Distroless: no shell and no package manager, and the :nonroot tag runs as

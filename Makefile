@@ -1,8 +1,17 @@
 # The project's commands; `make help` lists them. `make test` is the one CI
 # and the README use.
 GO   ?= go
-SQLC := $(GO) tool -modfile=tools/go.mod sqlc
-LINT := $(GO) tool -modfile=tools/golangci-lint/go.mod golangci-lint
+# The repository is one workspace (go.work) of four modules: the pattern and
+# the example services (go.mod, what a copier inherits), and, each with its
+# own go.mod so that their dependencies stay out of that one, the fault lab
+# (lab/), the deployment checks (deploy/) and the fault-injection suite
+# (e2e/). Every command below covers all four.
+PACKAGES := ./... ./lab/... ./deploy/... ./e2e/...
+# sqlc and golangci-lint are Go tools of their own modules under tools/. A
+# tool's -modfile cannot be used in workspace mode, so each is built outside
+# it; golangci-lint then runs inside it, to see all four modules.
+SQLC := GOWORK=off $(GO) tool -modfile=tools/go.mod sqlc
+LINT  = $(shell GOWORK=off $(GO) tool -modfile=tools/golangci-lint/go.mod -n golangci-lint)
 
 .PHONY: help test e2e bench soak lint generate check-generated vet fmt-check build ci
 
@@ -12,7 +21,7 @@ help:
 
 ## test: every unit and integration test, with -race, on a throwaway PostgreSQL cluster (or on TEST_DATABASE_URL)
 test:
-	$(GO) run ./testkit/withpostgres -- $(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) run ./testkit/withpostgres -- $(GO) test -race -count=1 -timeout 15m $(PACKAGES)
 
 ## e2e: the fault-injection suite: real binaries, real clusters, a fault proxy
 e2e:
@@ -28,8 +37,8 @@ soak:
 
 ## lint: golangci-lint with .golangci.yml, over the plain and the e2e build
 lint:
-	$(LINT) run ./...
-	$(LINT) run --build-tags e2e,crashpoints ./...
+	$(LINT) run $(PACKAGES)
+	$(LINT) run --build-tags e2e,crashpoints $(PACKAGES)
 
 ## generate: regenerate the sqlc query code after changing db/queries or db/migrations
 generate:
@@ -42,8 +51,8 @@ check-generated:
 
 ## vet: go vet, over the plain and the e2e build
 vet:
-	$(GO) vet ./...
-	$(GO) vet -tags e2e,crashpoints ./...
+	$(GO) vet $(PACKAGES)
+	$(GO) vet -tags e2e,crashpoints $(PACKAGES)
 
 ## fmt-check: fail when a Go file is not gofmt-formatted
 fmt-check:

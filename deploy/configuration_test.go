@@ -1,8 +1,9 @@
-package e2e
+package deploy
 
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -62,7 +63,7 @@ const configPage = "docs/configuration.md"
 // LoadConfig reads, each with the default LoadConfig uses.
 func TestDocsConfigurationMatchesCode(t *testing.T) {
 	t.Parallel()
-	page, err := os.ReadFile("../" + configPage)
+	page, err := os.ReadFile(filepath.Join(repoRoot, configPage))
 	require.NoError(t, err)
 	tables := configTables(t, string(page))
 	require.Len(t, tables, len(configLoaders), "one configuration table per binary")
