@@ -1,7 +1,7 @@
 package deploy
 
 // The tests of the dashboard reader (dashboard.go), and that the dashboard
-// shows what the README promises.
+// shows what docs/observability.md promises.
 
 import (
 	"maps"
@@ -65,7 +65,7 @@ func TestDashboardMatcher(t *testing.T) {
 }
 
 // TestDashboardQueries: the dashboard shows what the issue asks of it and
-// the README describes. The metrics are named here once more on purpose:
+// docs/observability.md describes. The metrics are named here once more on purpose:
 // the e2e test proves the binaries export whatever the dashboard queries,
 // and this one that the dashboard still queries what matters.
 func TestDashboardQueries(t *testing.T) {

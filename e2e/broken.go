@@ -35,7 +35,7 @@ type Patch struct {
 	// as ./outbox-sender; a file shared by several binaries (a package
 	// under internal/) names each of them.
 	Packages []string
-	Summary  string // one line for the README and the logs
+	Summary  string // one line for the docs and the logs
 	Edits    []Edit
 }
 

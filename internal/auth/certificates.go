@@ -11,7 +11,7 @@ import "net/http"
 // caller: a URI SAN (such as a SPIFFE ID, spiffe://example.org/outbox-sender)
 // or a DNS SAN, looked up in Callers.
 //
-// The binaries use Tokens; the README says how to switch. The caller names,
+// The binaries use Tokens; docs/contract.md says how to switch. The caller names,
 // and so the inbox's per-caller scopes, stay what they were.
 type Certificates struct {
 	// Callers maps a certificate's URI or DNS name to a caller's name.

@@ -19,7 +19,7 @@ import (
 
 // Reader collects values and errors. It records every variable read with
 // its default, so tests can check that a deployment file sets only variables
-// a binary knows and that the README's defaults are the code's.
+// a binary knows and that the documented defaults are the code's.
 type Reader struct {
 	getenv func(string) string
 	vars   []Var
@@ -57,7 +57,7 @@ func (r *Reader) String(name, def string) string {
 }
 
 // Computed is String with a default computed at start (only when the
-// variable is unset); doc describes it, as the README does.
+// variable is unset); doc describes it, as docs/configuration.md does.
 func (r *Reader) Computed(name, doc string, def func() string) string {
 	if v, ok := r.lookup(name, doc); ok {
 		return v

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// The limits of every HTTP server of the project (the README's Limits
+// The limits of every HTTP server of the project (the Limits table of docs/operating.md
 // table lists them with what a client gets past each). They keep a slow,
 // stuck or hostile client from holding a connection, a goroutine or memory.
 const (

@@ -8,9 +8,9 @@ import (
 	"github.com/outboxref/outboxref/internal/envconfig"
 )
 
-// Config is the lab's configuration; the README's table lists each
+// Config is the lab's configuration; docs/configuration.md lists each
 // variable. The defaults are the ports of a system run on one machine as in
-// the README's "Running without Docker".
+// docs/running-without-docker.md.
 type Config struct {
 	HTTPAddr  string // LAB_HTTP_ADDR: the page, its API, /healthz and /readyz
 	ProxyAddr string // LAB_PROXY_ADDR: the fault proxy, the sender's SENDER_USERS_URL

@@ -10,7 +10,7 @@ import (
 	"github.com/outboxref/outboxref/internal/envconfig"
 )
 
-// Config is the sender's configuration; the README's table lists each
+// Config is the sender's configuration; docs/configuration.md lists each
 // variable.
 type Config struct {
 	DatabaseURL    string        // SENDER_DATABASE_URL: Student's database

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -26,12 +25,10 @@ import (
 // These tests follow dead letters through the running relay: how a row
 // dies, what the operator sees of it, and what a redrive does next.
 
-// adminAPI serves the admin routes on pool, as the sender's admin port does.
-func adminAPI(t *testing.T, pool *pgxpool.Pool) string {
+// adminAPI serves the relay's admin port, as Run does.
+func adminAPI(t *testing.T, pool *pgxpool.Pool, r *Relay) string {
 	t.Helper()
-	r := httpapi.NewRouter(slog.New(slog.DiscardHandler), pool.Ping)
-	deadletter.Routes(r, operator(t, pool))
-	ts := httptest.NewServer(r)
+	ts := httptest.NewServer(adminRouter(quiet, asSender(t, pool), r))
 	t.Cleanup(ts.Close)
 	return ts.URL
 }
@@ -78,7 +75,7 @@ func TestDeadLetterIsListedWithItsHistory(t *testing.T) {
 	eventually(t, "dead", func() bool { return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead'") == 1 })
 	r.wait(t)
 	require.InDelta(t, 1, r.metric(t, "outbox_sender_dead_letters_total", "reason_class", outbox.ReasonRefused), 0, "the dead-letter metric counts it by reason")
-	admin := adminAPI(t, pool)
+	admin := adminAPI(t, pool, r.Relay)
 	id := outboxID(t, pool, refused())
 
 	res := apitest.Do(t, http.MethodGet, admin+"/outbox?state=dead&reason_class=refused", "")

@@ -87,7 +87,7 @@ func FuzzAPI(f *testing.F, tg FuzzTarget) {
 	})
 }
 
-// checkShape holds every answer to the README's promise: a success is JSON,
+// checkShape holds every answer to the docs' promise (docs/contract.md): a success is JSON,
 // and every error (an unknown route or method included) is problem+json
 // whose status member is the answer's status.
 func checkShape(t *testing.T, status int, contentType string, body []byte) {

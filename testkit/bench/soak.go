@@ -17,7 +17,7 @@ import (
 // staying bounded: with the defaults (a week of delivered rows and of keys,
 // purged every 10 minutes) they would only grow within any soak. Users'
 // retention is then far below SENDER_MAX_AGE, which is unsafe in a
-// deployment (README, "Retention"); here every row is delivered at once.
+// deployment (docs/contract.md, "Retention"); here every row is delivered at once.
 const (
 	soakRetention = time.Minute      // the minimum each binary accepts
 	soakPurge     = 15 * time.Second // the purges' interval

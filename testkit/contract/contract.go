@@ -1,4 +1,4 @@
-// Package contract is the idempotency contract of the README's table, as a
+// Package contract is the idempotency contract of the table in docs/contract.md, as a
 // test suite that runs against any endpoint implementing it. Student's
 // POST /students and Users' POST /users both run it, so the one contract is
 // checked once, the same way, in both places.

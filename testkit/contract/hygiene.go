@@ -20,7 +20,7 @@ import (
 )
 
 // HygieneTarget is a service's create endpoint under the HTTP hygiene
-// suite: what the README's Limits table promises for refused input.
+// suite: what the Limits table of docs/operating.md promises for refused input.
 type HygieneTarget struct {
 	Target
 	// ShortReadURL is Target.URL served by a server whose ReadTimeout is

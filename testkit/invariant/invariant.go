@@ -168,34 +168,7 @@ func Classify(st State, in Input) Report {
 		DeadReasons: map[string]int{},
 		ClaimedBy:   map[string]int{},
 	}
-
-	outboxOf := make(map[uuid.UUID]OutboxRow, len(st.Outbox))
-	for _, o := range st.Outbox {
-		outboxOf[o.StudentID] = o
-		r.Redeliveries += max(o.Attempts-1, 0)
-		if o.State == outbox.StateDelivered {
-			r.ClaimedBy[o.ClaimedBy]++
-		}
-	}
-	inbox := make(map[string]InboxRow, len(st.Inbox))
-	foreign := map[uuid.UUID]bool{}
-	for _, ib := range st.Inbox {
-		r.Replays += ib.Replays
-		if in.Caller != "" && ib.Caller != in.Caller {
-			if ib.ResourceID.Valid {
-				foreign[ib.ResourceID.UUID] = true
-			}
-			continue
-		}
-		inbox[ib.Key] = ib
-	}
-	users := make(map[uuid.UUID]UserRow, len(st.Users))
-	byDoc := map[string][]UserRow{}
-	for _, u := range st.Users {
-		users[u.ID] = u
-		byDoc[u.DocumentNumber] = append(byDoc[u.DocumentNumber], u)
-	}
-
+	x := newIndex(&r, st, in)
 	// Users some student accounts for: the one it is linked to, and the
 	// one Users stored under its key (which the student's own verdict
 	// judges if the two differ).
@@ -203,10 +176,10 @@ func Classify(st State, in Input) Report {
 	students := make(map[uuid.UUID]bool, len(st.Students))
 	for _, s := range st.Students {
 		students[s.ID] = true
-		o, hasOutbox := outboxOf[s.ID]
+		o, hasOutbox := x.outbox[s.ID]
 		ib, hasInbox := InboxRow{}, false
 		if hasOutbox {
-			ib, hasInbox = inbox[o.Key]
+			ib, hasInbox = x.inbox[o.Key]
 		}
 		if s.UserID.Valid {
 			claimed[s.UserID.UUID] = true
@@ -214,46 +187,11 @@ func Classify(st State, in Input) Report {
 		if hasInbox && ib.ResourceID.Valid {
 			claimed[ib.ResourceID.UUID] = true
 		}
-
-		class := classifyStudent(&r, s, o, hasOutbox, ib, hasInbox, byDoc[s.DocumentNumber], users, in.Recent, in.Live)
+		class := classifyStudent(&r, s, o, hasOutbox, ib, hasInbox, x, in)
 		r.ByClass[s.ID] = class
-		switch class {
-		case Linked:
-			r.Linked++
-		case Dead:
-			r.Dead++
-			r.DeadReasons[o.LastError]++
-		case Pending:
-			r.Pending++
-		case Lost:
-			r.Lost++
-		case Duplicated:
-			r.Duplicated++
-		case Mislinked:
-			r.Mislinked++
-		}
+		r.count(class, o)
 	}
-
-	for _, k := range in.ForeignKeys {
-		for _, ib := range st.Inbox {
-			if ib.Key == k && ib.ResourceID.Valid {
-				foreign[ib.ResourceID.UUID] = true
-			}
-		}
-	}
-	for _, u := range st.Users {
-		switch {
-		case foreign[u.ID]:
-			r.Foreign++
-		case !claimed[u.ID] && in.Recent[u.ID]:
-			// Its student may have been created after Student was read.
-		case !claimed[u.ID]:
-			r.Unexpected++
-			r.problem("unexpected user %s (document %s): no student is linked to it and no key of a student or of the test stored it",
-				u.ID, u.DocumentNumber)
-		}
-	}
-
+	r.countUsers(st.Users, claimed, x.foreign, in.Recent)
 	for _, id := range in.Acked {
 		if !students[id] {
 			r.Vanished++
@@ -263,58 +201,106 @@ func Classify(st State, in Input) Report {
 	return r
 }
 
-func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib InboxRow, hasInbox bool,
-	docUsers []UserRow, users map[uuid.UUID]UserRow, recent map[uuid.UUID]bool, live bool,
-) Class {
+// index is a State's rows by what Classify looks them up by.
+type index struct {
+	outbox  map[uuid.UUID]OutboxRow // by student
+	inbox   map[string]InboxRow     // the students' caller's rows, by key
+	foreign map[uuid.UUID]bool      // users created under another caller's or a foreign key
+	users   map[uuid.UUID]UserRow
+	byDoc   map[string][]UserRow
+}
+
+// newIndex indexes st, and counts on r what the rows say by themselves:
+// redeliveries, replays, and who delivered.
+func newIndex(r *Report, st State, in Input) index {
+	x := index{
+		outbox: make(map[uuid.UUID]OutboxRow, len(st.Outbox)), inbox: make(map[string]InboxRow, len(st.Inbox)),
+		foreign: map[uuid.UUID]bool{}, users: make(map[uuid.UUID]UserRow, len(st.Users)), byDoc: map[string][]UserRow{},
+	}
+	for _, o := range st.Outbox {
+		x.outbox[o.StudentID] = o
+		r.Redeliveries += max(o.Attempts-1, 0)
+		if o.State == outbox.StateDelivered {
+			r.ClaimedBy[o.ClaimedBy]++
+		}
+	}
+	for _, ib := range st.Inbox {
+		r.Replays += ib.Replays
+		// Users made under another caller's keys (an operator with curl),
+		// or under keys the test names foreign, are someone else's.
+		otherCaller := in.Caller != "" && ib.Caller != in.Caller
+		if (otherCaller || slices.Contains(in.ForeignKeys, ib.Key)) && ib.ResourceID.Valid {
+			x.foreign[ib.ResourceID.UUID] = true
+		}
+		if !otherCaller {
+			x.inbox[ib.Key] = ib
+		}
+	}
+	for _, u := range st.Users {
+		x.users[u.ID] = u
+		x.byDoc[u.DocumentNumber] = append(x.byDoc[u.DocumentNumber], u)
+	}
+	return x
+}
+
+// count adds one student's verdict to the totals.
+func (r *Report) count(class Class, o OutboxRow) {
+	switch class {
+	case Linked:
+		r.Linked++
+	case Dead:
+		r.Dead++
+		r.DeadReasons[o.LastError]++
+	case Pending:
+		r.Pending++
+	case Lost:
+		r.Lost++
+	case Duplicated:
+		r.Duplicated++
+	case Mislinked:
+		r.Mislinked++
+	}
+}
+
+// countUsers judges the users no student's verdict covers: foreign ones
+// are someone else's; any other that no student accounts for is
+// unexpected, unless its student may have been created after Student was
+// read.
+func (r *Report) countUsers(users []UserRow, claimed, foreign, recent map[uuid.UUID]bool) {
+	for _, u := range users {
+		switch {
+		case foreign[u.ID]:
+			r.Foreign++
+		case !claimed[u.ID] && recent[u.ID]:
+		case !claimed[u.ID]:
+			r.Unexpected++
+			r.problem("unexpected user %s (document %s): no student is linked to it and no key of a student or of the test stored it",
+				u.ID, u.DocumentNumber)
+		}
+	}
+}
+
+// classifyStudent judges one student from its row, its outbox row and the
+// answer Users stored under the row's key: linked to the user created under
+// its key, rightly dead, still pending, or lost, duplicated or mislinked.
+func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib InboxRow, hasInbox bool, x index, in Input) Class {
 	switch {
-	case len(docUsers) > 1:
+	case len(x.byDoc[s.DocumentNumber]) > 1:
+		docUsers := x.byDoc[s.DocumentNumber]
 		ids := make([]string, len(docUsers))
 		for i, u := range docUsers {
 			ids[i] = u.ID.String()
 		}
 		r.problem("duplicated: student %s (document %s) has %d users: %s", s.ID, s.DocumentNumber, len(docUsers), strings.Join(ids, ", "))
 		return Duplicated
-
-	case s.UserID.Valid && live && (!hasOutbox || !hasInbox):
-		// Retention purges delivered outbox rows and old inbox rows, so a
-		// running system's old links cannot be checked against the key;
-		// the user must still be there, with the student's document.
-		if u, ok := users[s.UserID.UUID]; ok && u.DocumentNumber == s.DocumentNumber {
-			return Linked
-		}
-		r.problem("mislinked: student %s is linked to %s, which is not in Users with document %s", s.ID, s.UserID.UUID, s.DocumentNumber)
-		return Mislinked
-
 	case s.UserID.Valid:
-		switch {
-		case !hasOutbox:
-			r.problem("mislinked: student %s is linked to %s but has no create-user outbox row", s.ID, s.UserID.UUID)
-			return Mislinked
-		case !hasInbox || !ib.ResourceID.Valid:
-			r.problem("mislinked: student %s is linked to %s but Users stored no user under key %s", s.ID, s.UserID.UUID, o.Key)
-			return Mislinked
-		case ib.ResourceID.UUID != s.UserID.UUID:
-			r.problem("mislinked: student %s is linked to %s but Users stored %s under key %s", s.ID, s.UserID.UUID, ib.ResourceID.UUID, o.Key)
-			return Mislinked
-		}
-		u, ok := users[s.UserID.UUID]
-		switch {
-		case !ok:
-			r.problem("mislinked: student %s is linked to %s, which is not in Users", s.ID, s.UserID.UUID)
-			return Mislinked
-		case u.DocumentNumber != s.DocumentNumber:
-			r.problem("mislinked: student %s (document %s) is linked to user %s with document %s", s.ID, s.DocumentNumber, u.ID, u.DocumentNumber)
-			return Mislinked
-		}
-		return Linked
-
+		return judgeLink(r, s, o, hasOutbox, ib, hasInbox, x.users, in.Live)
 	case !hasOutbox:
 		r.problem("lost: student %s has no create-user outbox row", s.ID)
 		return Lost
-
 	case o.State == outbox.StateDead:
 		switch {
-		case hasInbox && ib.ResourceID.Valid && recent[ib.ResourceID.UUID]:
+		case hasInbox && ib.ResourceID.Valid && in.Recent[ib.ResourceID.UUID]:
 			return Pending // redriven since Student was read, and delivered
 		case hasInbox && ib.ResourceID.Valid:
 			r.problem("lost: student %s was dead-lettered (%q) although Users created user %s under key %s", s.ID, o.LastError, ib.ResourceID.UUID, o.Key)
@@ -324,8 +310,7 @@ func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib In
 			return Lost
 		}
 		return Dead
-
-	case o.State == outbox.StatePending && live:
+	case o.State == outbox.StatePending && in.Live:
 		return Pending
 	case o.State == outbox.StatePending:
 		r.problem("pending: student %s still waits for delivery (attempts %d, last error %q)", s.ID, o.Attempts, o.LastError)
@@ -337,6 +322,42 @@ func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib In
 		r.problem("lost: student %s: outbox row is %s but user_id is unset and Users stored no user under key %s", s.ID, o.State, o.Key)
 	}
 	return Lost
+}
+
+// judgeLink judges a linked student: its user must be the one Users stored
+// under its key, and carry its document number.
+func judgeLink(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib InboxRow, hasInbox bool, users map[uuid.UUID]UserRow, live bool) Class {
+	if live && (!hasOutbox || !hasInbox) {
+		// Retention purges delivered outbox rows and old inbox rows, so a
+		// running system's old links cannot be checked against the key;
+		// the user must still be there, with the student's document.
+		if u, ok := users[s.UserID.UUID]; ok && u.DocumentNumber == s.DocumentNumber {
+			return Linked
+		}
+		r.problem("mislinked: student %s is linked to %s, which is not in Users with document %s", s.ID, s.UserID.UUID, s.DocumentNumber)
+		return Mislinked
+	}
+	switch {
+	case !hasOutbox:
+		r.problem("mislinked: student %s is linked to %s but has no create-user outbox row", s.ID, s.UserID.UUID)
+		return Mislinked
+	case !hasInbox || !ib.ResourceID.Valid:
+		r.problem("mislinked: student %s is linked to %s but Users stored no user under key %s", s.ID, s.UserID.UUID, o.Key)
+		return Mislinked
+	case ib.ResourceID.UUID != s.UserID.UUID:
+		r.problem("mislinked: student %s is linked to %s but Users stored %s under key %s", s.ID, s.UserID.UUID, ib.ResourceID.UUID, o.Key)
+		return Mislinked
+	}
+	u, ok := users[s.UserID.UUID]
+	switch {
+	case !ok:
+		r.problem("mislinked: student %s is linked to %s, which is not in Users", s.ID, s.UserID.UUID)
+		return Mislinked
+	case u.DocumentNumber != s.DocumentNumber:
+		r.problem("mislinked: student %s (document %s) is linked to user %s with document %s", s.ID, s.DocumentNumber, u.ID, u.DocumentNumber)
+		return Mislinked
+	}
+	return Linked
 }
 
 // A Check is one invariant, as counted in a report, with what a count
@@ -385,7 +406,7 @@ func Violations(r Report, e Expect) []string {
 	return v
 }
 
-// Table renders the report as a two-line table, the figures the README
+// Table renders the report as a two-line table, the figures the docs
 // quotes.
 func (r Report) Table() string {
 	var b strings.Builder

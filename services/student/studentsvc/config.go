@@ -8,7 +8,7 @@ import (
 	"github.com/outboxref/outboxref/internal/service"
 )
 
-// Config is Student's configuration; the README's table lists each variable.
+// Config is Student's configuration; docs/configuration.md lists each variable.
 type Config struct {
 	HTTPAddr    string        // STUDENT_HTTP_ADDR
 	DatabaseURL string        // STUDENT_DATABASE_URL

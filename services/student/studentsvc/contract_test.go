@@ -9,7 +9,7 @@ import (
 	"github.com/outboxref/outboxref/testkit/contract"
 )
 
-// TestIdempotencyContract is the README's contract table for POST
+// TestIdempotencyContract is the contract table of docs/contract.md for POST
 // /students: every student created comes with its outbox row.
 func TestIdempotencyContract(t *testing.T) {
 	t.Parallel()

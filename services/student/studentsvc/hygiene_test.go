@@ -14,7 +14,7 @@ import (
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
-// TestHTTPHygiene runs the README's Limits table against Student on a real
+// TestHTTPHygiene runs the Limits table of docs/operating.md against Student on a real
 // database: every refused input gets its answer, and writes nothing.
 func TestHTTPHygiene(t *testing.T) {
 	t.Parallel()

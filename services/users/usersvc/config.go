@@ -9,7 +9,7 @@ import (
 	"github.com/outboxref/outboxref/internal/service"
 )
 
-// Config is Users' configuration; the README's table lists each variable.
+// Config is Users' configuration; docs/configuration.md lists each variable.
 type Config struct {
 	HTTPAddr       string        // USERS_HTTP_ADDR
 	DatabaseURL    string        // USERS_DATABASE_URL

@@ -7,7 +7,7 @@ import (
 	"github.com/outboxref/outboxref/testkit/contract"
 )
 
-// TestIdempotencyContract is the README's contract table for POST /users.
+// TestIdempotencyContract is the contract table of docs/contract.md for POST /users.
 func TestIdempotencyContract(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, Config{KeyWait: 300 * time.Millisecond})

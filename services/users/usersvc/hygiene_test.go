@@ -11,7 +11,7 @@ import (
 	"github.com/outboxref/outboxref/testkit/contract"
 )
 
-// TestHTTPHygiene runs the README's Limits table against Users on a real
+// TestHTTPHygiene runs the Limits table of docs/operating.md against Users on a real
 // database: every refused input gets its answer, and writes nothing.
 func TestHTTPHygiene(t *testing.T) {
 	t.Parallel()
