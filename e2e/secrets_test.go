@@ -53,6 +53,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 
 	type binary struct {
 		name string
+		addr string // where it serves
 		run  runFunc
 		// broken has every secret and at least one mistake; serving is a
 		// configuration that runs.
@@ -62,7 +63,9 @@ func TestSecretsNeverLeave(t *testing.T) {
 		// waitFor, if set, must hold before the binary is stopped.
 		waitFor func() bool
 	}
-	free := apitest.FreeAddr(t)
+	// Each binary serves on an address of its own, so that the three run
+	// side by side.
+	studentAddr, usersAddr, senderAddr := apitest.FreeAddr(t), apitest.FreeAddr(t), apitest.FreeAddr(t)
 	// A Users that refuses every credential, so that the sender's loud
 	// misconfiguration line, which names Users' URL, is part of the output.
 	var refusals atomic.Int64
@@ -76,7 +79,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 	refusingURL.User = url.UserPassword("u", secret("users-url"))
 	binaries := []binary{
 		{
-			name: "student", run: studentsvc.Run,
+			name: "student", addr: studentAddr, run: studentsvc.Run,
 			broken: map[string]string{
 				"STUDENT_DATABASE_URL":              withSecret(studentDB, migrations.StudentApp),
 				"STUDENT_DATABASE_PASSWORD":         secret("pw"),
@@ -92,14 +95,14 @@ func TestSecretsNeverLeave(t *testing.T) {
 			},
 			serving: map[string]string{
 				"STUDENT_DATABASE_URL": pgtest.RoleURL(t, studentDB, migrations.StudentApp),
-				"STUDENT_HTTP_ADDR":    free,
+				"STUDENT_HTTP_ADDR":    studentAddr,
 				"STUDENT_ADMIN_ADDR":   apitest.FreeAddr(t),
 			},
 			get:  []string{"/students", "/students/00000000-0000-0000-0000-000000000000", "/readyz", "/nope"},
 			post: `{"name":"Ada Lovelace","email":"ada@example.com","document_number":"SECRETS-1"}`,
 		},
 		{
-			name: "users", run: usersvc.Run,
+			name: "users", addr: usersAddr, run: usersvc.Run,
 			broken: map[string]string{
 				"USERS_DATABASE_URL":         withSecret(usersDB, migrations.UsersApp),
 				"USERS_DATABASE_PASSWORD":    secret("pw"),
@@ -116,13 +119,13 @@ func TestSecretsNeverLeave(t *testing.T) {
 			serving: map[string]string{
 				"USERS_DATABASE_URL":    pgtest.RoleURL(t, usersDB, migrations.UsersApp),
 				"USERS_API_TOKENS_FILE": tokensFile,
-				"USERS_HTTP_ADDR":       free,
+				"USERS_HTTP_ADDR":       usersAddr,
 				"USERS_ADMIN_ADDR":      apitest.FreeAddr(t),
 			},
 			get: []string{"/users/00000000-0000-0000-0000-000000000000", "/readyz", "/nope"},
 		},
 		{
-			name: "outbox-sender", run: sender.Run,
+			name: "outbox-sender", addr: senderAddr, run: sender.Run,
 			broken: map[string]string{
 				"SENDER_DATABASE_URL":      withSecret(studentDB, migrations.OutboxSender),
 				"SENDER_DATABASE_PASSWORD": secret("pw"),
@@ -140,7 +143,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				"SENDER_DATABASE_URL": pgtest.RoleURL(t, studentDB, migrations.OutboxSender),
 				"SENDER_USERS_URL":    refusingURL.String(),
 				"SENDER_USERS_TOKEN":  secret("token"),
-				"SENDER_ADMIN_ADDR":   free,
+				"SENDER_ADMIN_ADDR":   senderAddr,
 			},
 			get:     []string{"/metrics", "/dead-letters", "/readyz", "/nope"},
 			waitFor: func() bool { return refusals.Load() > 0 },
@@ -148,6 +151,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 	}
 	for _, b := range binaries {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
 			check := func(what string, out string, err error) {
 				t.Helper()
 				if err != nil {
@@ -186,7 +190,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 			var bodies strings.Builder
 			for _, path := range b.get {
 				for time.Now().Before(deadline) {
-					resp, err := http.Get("http://" + free + path)
+					resp, err := http.Get("http://" + b.addr + path)
 					if err != nil {
 						time.Sleep(100 * time.Millisecond)
 						continue
@@ -198,7 +202,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				}
 			}
 			if b.post != "" {
-				resp, err := http.Post("http://"+free+"/students", "application/json", strings.NewReader(b.post))
+				resp, err := http.Post("http://"+b.addr+"/students", "application/json", strings.NewReader(b.post))
 				require.NoError(t, err)
 				body, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
