@@ -118,6 +118,11 @@ type Options struct {
 	// writes and synchronous commits on. Tests leave it off for speed;
 	// a benchmark must not, or every commit would cost less than it does.
 	Durable bool
+	// Home, when set, is a directory the cluster is kept in between runs
+	// instead of Dir's throwaway subdirectory: Start creates the cluster
+	// there the first time (initdb) and starts the one it finds after;
+	// Cleanup stops it and leaves its files.
+	Home string
 }
 
 // Cluster is one running (or stopped) throwaway server. Its methods are safe
@@ -130,6 +135,7 @@ type Cluster struct {
 	port    int
 	log     io.Writer
 	durable bool
+	kept    bool // Options.Home: Cleanup leaves the files
 	env     []string
 	cred    *syscall.Credential // nil unless we must drop root
 
@@ -173,10 +179,17 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 
 	dir, err := os.MkdirTemp(opts.Dir, "pgcluster-")
+	if opts.Home != "" {
+		dir, err = filepath.Abs(opts.Home)
+		if err == nil {
+			err = os.MkdirAll(dir, 0o700)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create cluster dir: %w", err)
 	}
 	c := &Cluster{
+		kept:    opts.Home != "",
 		binDir:  binDir,
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
@@ -210,8 +223,9 @@ func (c *Cluster) setup(ctx context.Context) error {
 	}
 	c.env = childEnv(c.binDir, c.dir)
 
-	out, err := c.run(ctx, "initdb", "-D", c.dataDir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync")
-	if err != nil {
+	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); c.kept && err == nil {
+		// A kept cluster from an earlier run: start it as it is.
+	} else if out, err := c.run(ctx, "initdb", "-D", c.dataDir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync"); err != nil {
 		err = fmt.Errorf("initdb: %w%s", err, indent(out))
 		if hint := c.accessHint(); hint != "" {
 			err = fmt.Errorf("%w\n%s", err, hint)
@@ -513,6 +527,10 @@ func (c *Cluster) Cleanup(ctx context.Context) error {
 	// Whether or not the polite stop worked, removing the data directory
 	// under a live postmaster would leave an orphan, so make sure.
 	c.forceStopLocked()
+	if c.kept {
+		c.removed = true
+		return errors.Join(errs...)
+	}
 	if err := os.RemoveAll(c.dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove %s: %w", c.dir, err))
 	}
@@ -525,7 +543,9 @@ func (c *Cluster) abandon() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.forceStopLocked()
-	_ = os.RemoveAll(c.dir)
+	if !c.kept {
+		_ = os.RemoveAll(c.dir)
+	}
 	c.removed = true
 }
 

@@ -116,3 +116,44 @@ func TestParseVersionOrdersNumerically(t *testing.T) {
 	_, ok = parseVersion("common")
 	require.False(t, ok)
 }
+
+// TestHomeKeepsTheCluster: a cluster started in Home keeps its data when
+// cleaned up, and a second Start there finds it.
+func TestHomeKeepsTheCluster(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	binDir, err := FindBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not t.TempDir(): the server may run as another user, who must be able
+	// to reach the folder.
+	home, err := os.MkdirTemp("", "pgcluster-home-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(home) })
+	start := func() *Cluster {
+		c, err := Start(ctx, Options{Log: t.Output(), BinDir: binDir, Home: home})
+		require.NoError(t, err)
+		return c
+	}
+	first := start()
+	db, err := first.CreateDatabase(ctx, "kept")
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, db)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE t AS SELECT 42 AS n")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+	require.NoError(t, first.Cleanup(ctx))
+	require.DirExists(t, first.DataDir(), "Cleanup leaves a kept cluster's files")
+
+	second := start()
+	t.Cleanup(func() { _ = second.Cleanup(context.Background()) })
+	conn, err = pgx.Connect(ctx, second.databaseURL("kept"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT n FROM t").Scan(&n))
+	require.Equal(t, 42, n, "the second run finds the first one's data")
+}
