@@ -91,13 +91,17 @@ func (f Faults) describe() string {
 // Delivery is one request that reached the answer faults, as the timeline
 // shows it.
 type Delivery struct {
-	Time     time.Time `json:"time"` // when the answer went, or was dropped
-	Key      string    `json:"key"`
-	Attempt  int       `json:"attempt"`  // from the sender's X-Request-Id (key/attempt); 0 if absent
-	Status   int       `json:"status"`   // Users' answer (dropped or not), or the lab's in Users' place
-	Replayed bool      `json:"replayed"` // Users answered from its inbox
-	Delayed  bool      `json:"delayed"`  // Users' answer was held back (latency)
-	Fault    string    `json:"fault"`    // "", "dropped", "unavailable", "rejected" or "abandoned"
+	Time    time.Time `json:"time"` // when the answer went, or was dropped
+	Key     string    `json:"key"`
+	Attempt int       `json:"attempt"` // from the sender's X-Request-Id (key/attempt); 0 if absent
+	// Nth is how many requests with this key the lab has seen, this one
+	// included. Unlike Attempt it never starts again: a redrive counts the
+	// sender's attempts afresh under the same key.
+	Nth      int    `json:"nth"`
+	Status   int    `json:"status"`   // Users' answer (dropped or not), or the lab's in Users' place
+	Replayed bool   `json:"replayed"` // Users answered from its inbox
+	Delayed  bool   `json:"delayed"`  // Users' answer was held back (latency)
+	Fault    string `json:"fault"`    // "", "dropped", "unavailable", "rejected" or "abandoned"
 }
 
 // Counters count the requests that reached the answer faults, and what
@@ -135,6 +139,7 @@ type Proxy struct {
 	timeline         []Delivery // a ring, newest at next-1
 	next             int
 	acted            map[string]bool // keys Users answered 2xx for
+	seen             map[string]int  // requests by key, for Delivery.Nth
 	actedOrder       []string        // acted's keys, a ring, oldest at actedNext
 	actedNext        int
 	now              func() time.Time
@@ -145,7 +150,7 @@ var errDropped = errors.New("answer dropped by the fault lab")
 
 // NewProxy readies the proxy to users; Run starts it.
 func NewProxy(ctx context.Context, log *slog.Logger, listen string, users *url.URL) (*Proxy, error) {
-	p := &Proxy{log: log, now: time.Now, timeline: make([]Delivery, 0, timelineSize), acted: map[string]bool{}}
+	p := &Proxy{log: log, now: time.Now, timeline: make([]Delivery, 0, timelineSize), acted: map[string]bool{}, seen: map[string]int{}}
 	p.pass = &httputil.ReverseProxy{
 		Rewrite:        func(pr *httputil.ProxyRequest) { pr.SetURL(users) },
 		ModifyResponse: p.answered,
@@ -326,6 +331,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	d := Delivery{Key: r.Header.Get("Idempotency-Key"), Attempt: attemptOf(r.Header.Get("X-Request-Id"))}
 	p.mu.Lock()
 	p.counters.Requests++
+	p.seen[d.Key]++
+	d.Nth = p.seen[d.Key]
 	f := p.faultsLocked()
 	// A key Users has acted on is answered from its inbox, never refused:
 	// a refusal in Users' place would dead-letter a row whose user exists,

@@ -57,8 +57,13 @@ type Counts struct {
 	Attempts     int           `json:"attempts"`
 	Redeliveries int           `json:"redeliveries"`
 	Users        int           `json:"users"`
-	Inbox        int           `json:"inbox"`
-	Replays      int           `json:"replays"`
+	// OwnUsers are the users made under the sender's keys: once the
+	// outbox is drained, as many as there are students. Foreign ones were
+	// made by other callers (an operator with curl).
+	OwnUsers int `json:"own_users"`
+	Foreign  int `json:"foreign_users"`
+	Inbox    int `json:"inbox"`
+	Replays  int `json:"replays"`
 }
 
 // StudentCounts are the students by the checker's verdict: failed are the
@@ -174,7 +179,8 @@ func (o *Observer) read(ctx context.Context) State {
 func count(rows invariant.State, rep invariant.Report) Counts {
 	c := Counts{
 		Students: StudentCounts{Total: rep.Students, Pending: rep.Pending, Linked: rep.Linked, Failed: rep.Dead},
-		Users:    len(rows.Users), Inbox: len(rows.Inbox), Replays: rep.Replays, Redeliveries: rep.Redeliveries,
+		Users:    len(rows.Users), OwnUsers: len(rows.Users) - rep.Foreign, Foreign: rep.Foreign,
+		Inbox: len(rows.Inbox), Replays: rep.Replays, Redeliveries: rep.Redeliveries,
 	}
 	for _, o := range rows.Outbox {
 		c.Attempts += o.Attempts

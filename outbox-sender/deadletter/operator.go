@@ -50,14 +50,16 @@ type Row struct {
 	IdempotencyKey uuid.UUID   `json:"idempotency_key"`
 	PreviousKeys   []uuid.UUID `json:"previous_keys,omitempty"`
 	Student        RowStudent  `json:"student"`
-	Attempts       int         `json:"attempts"`
-	ReasonClass    *string     `json:"reason_class"`
-	LastError      *string     `json:"last_error"`
-	CreatedAt      time.Time   `json:"created_at"`
-	DeliveredAt    *time.Time  `json:"delivered_at"`
-	DeadAt         *time.Time  `json:"dead_at"`
-	Redrives       int         `json:"redrives"`
-	RedrivenAt     *time.Time  `json:"redriven_at"`
+	Attempts       int         `json:"attempts"` // since the last redrive
+	// AttemptsBeforeRedrive is the attempts before the row's redrives.
+	AttemptsBeforeRedrive int        `json:"attempts_before_redrive"`
+	ReasonClass           *string    `json:"reason_class"`
+	LastError             *string    `json:"last_error"`
+	CreatedAt             time.Time  `json:"created_at"`
+	DeliveredAt           *time.Time `json:"delivered_at"`
+	DeadAt                *time.Time `json:"dead_at"`
+	Redrives              int        `json:"redrives"`
+	RedrivenAt            *time.Time `json:"redriven_at"`
 	// Only in a single row's view (available_at only while pending):
 	AvailableAt *time.Time `json:"available_at,omitempty"`
 	ClaimedBy   *string    `json:"claimed_by,omitempty"`
@@ -87,7 +89,7 @@ func rowOf(e store.Entry) Row {
 	r := Row{
 		ID: e.ID, State: e.State, Operation: e.Operation, IdempotencyKey: e.IdempotencyKey, PreviousKeys: e.PreviousKeys,
 		Student:  RowStudent{ID: e.StudentID, Name: e.StudentName},
-		Attempts: e.Attempts, ReasonClass: e.ReasonClass, LastError: e.LastError, CreatedAt: e.CreatedAt,
+		Attempts: e.Attempts, AttemptsBeforeRedrive: e.AttemptsBeforeRedrive, ReasonClass: e.ReasonClass, LastError: e.LastError, CreatedAt: e.CreatedAt,
 		DeliveredAt: e.DeliveredAt, DeadAt: e.DeadAt, Redrives: e.Redrives, RedrivenAt: e.RedrivenAt, ClaimedBy: e.ClaimedBy,
 	}
 	if e.StudentUserID.Valid {

@@ -33,7 +33,7 @@ type OutboxRow struct {
 	StudentID uuid.UUID
 	Key       string // the idempotency key sent on every delivery
 	State     string // pending, delivered or dead
-	Attempts  int    // claims that may have led to a request
+	Attempts  int    // claims that may have led to a request, before and since redrives
 	LastError string
 	ClaimedBy string
 }
@@ -207,7 +207,7 @@ type index struct {
 	inbox   map[string]InboxRow     // the students' caller's rows, by key
 	foreign map[uuid.UUID]bool      // users created under another caller's or a foreign key
 	users   map[uuid.UUID]UserRow
-	byDoc   map[string][]UserRow
+	byDoc   map[string][]UserRow    // the users that are not foreign, by document number
 }
 
 // newIndex indexes st, and counts on r what the rows say by themselves:
@@ -238,7 +238,12 @@ func newIndex(r *Report, st State, in Input) index {
 	}
 	for _, u := range st.Users {
 		x.users[u.ID] = u
-		x.byDoc[u.DocumentNumber] = append(x.byDoc[u.DocumentNumber], u)
+		// A foreign user is someone else's, whatever its document number:
+		// an operator's user with a student's number (the runbook's poison
+		// row) is not that student's second user.
+		if !x.foreign[u.ID] {
+			x.byDoc[u.DocumentNumber] = append(x.byDoc[u.DocumentNumber], u)
+		}
 	}
 	return x
 }
@@ -504,7 +509,8 @@ func (st *State) readStudent(ctx context.Context, tx pgx.Tx) error {
 	if err != nil {
 		return fmt.Errorf("students: %w", err)
 	}
-	rows, err = tx.Query(ctx, `SELECT student_id, idempotency_key::text, state, attempts,
+	// Every attempt the row had: a redrive counts attempts afresh.
+	rows, err = tx.Query(ctx, `SELECT student_id, idempotency_key::text, state, attempts + attempts_before_redrive,
 		coalesce(last_error, ''), coalesce(claimed_by, '') FROM outbox WHERE operation = $1`, outbox.OperationCreateUser)
 	if err != nil {
 		return fmt.Errorf("outbox: %w", err)

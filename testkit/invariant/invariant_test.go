@@ -380,6 +380,42 @@ func TestClassifyCallers(t *testing.T) {
 	require.Equal(t, Mislinked, r.ByClass[id])
 }
 
+// TestClassifyRunbookPoisonRow follows the runbook's poison row: an
+// operator creates a user with curl (its own caller and key), a student
+// with the same document number is refused and dead-lettered, the operator
+// disables the other user and redrives the row with a new key, and Users
+// creates the student's user. Two users carry the document number; one is
+// the operator's, foreign to the pattern, and the student has exactly one.
+func TestClassifyRunbookPoisonRow(t *testing.T) {
+	t.Parallel()
+	const sender, doc = "outbox-sender", "999-9"
+	var w world
+	operators := w.user(doc)
+	w.st.Users[0].Enabled = false // disabled by hand before the redrive
+	w.st.Inbox = append(w.st.Inbox, InboxRow{Caller: "operator", Key: "someone-else", StatusCode: 201,
+		ResourceID: uuid.NullUUID{UUID: operators, Valid: true}})
+	id, firstKey := w.student("delivered", 1)
+	w.st.Students[0].DocumentNumber = doc
+	w.st.Inbox = append(w.st.Inbox, InboxRow{Caller: sender, Key: firstKey, StatusCode: 409}) // the refusal, stored
+	newKey := uuid.NewString()
+	w.st.Outbox[0].Key = newKey // new-operation: the row carries the new key
+	its := w.user(doc)
+	w.st.Inbox = append(w.st.Inbox, InboxRow{Caller: sender, Key: newKey, StatusCode: 201, ResourceID: uuid.NullUUID{UUID: its, Valid: true}})
+	w.link(id, its)
+
+	for _, live := range []bool{false, true} {
+		r := Classify(w.st, Input{Caller: sender, Live: live})
+		require.Equal(t, Linked, r.ByClass[id], "live=%v: %v", live, r.Problems)
+		require.Zero(t, r.Duplicated, "the operator's user is not the student's second")
+		require.Equal(t, 1, r.Foreign)
+		require.Zero(t, r.Unexpected)
+		require.Empty(t, Violations(r, Expect{}))
+	}
+	// The same users made under the sender's own keys would be a duplicate.
+	w.st.Inbox[0].Caller = sender
+	require.Equal(t, Duplicated, Classify(w.st, Input{Caller: sender}).ByClass[id])
+}
+
 // TestClassifyLivePurged: retention purges delivered outbox rows and old
 // inbox rows while the system runs. A live read judges such a linked
 // student by its user alone; a quiet read, which follows a test too short

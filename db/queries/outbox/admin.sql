@@ -4,7 +4,7 @@
 -- name: ListOutbox :many
 -- Newest first by state_at (when the row reached its state), keyset-paged
 -- on (state_at, id) along outbox_state_at_idx.
-SELECT o.id, o.idempotency_key, o.operation, o.student_id, o.state, o.attempts, o.reason_class,
+SELECT o.id, o.idempotency_key, o.operation, o.student_id, o.state, o.attempts, o.attempts_before_redrive, o.reason_class,
        o.last_error, o.created_at, o.delivered_at, o.dead_at, o.redrives, o.redriven_at,
        o.state_at::timestamptz AS state_at
 FROM outbox o
@@ -18,7 +18,7 @@ LIMIT @page_size;
 
 -- name: GetOutboxRow :one
 SELECT o.id, o.idempotency_key, o.previous_keys, o.operation, o.student_id, o.state,
-       o.attempts, o.reason_class, o.last_error, o.available_at, o.claimed_by, o.created_at,
+       o.attempts, o.attempts_before_redrive, o.reason_class, o.last_error, o.available_at, o.claimed_by, o.created_at,
        o.age_from, o.delivered_at, o.dead_at, o.redrives, o.redriven_at,
        s.name AS student_name, s.user_id AS student_user_id
 FROM outbox o
@@ -45,14 +45,15 @@ LIMIT @max_rows;
 
 -- name: Redrive :many
 -- Brings dead rows back: due now, attempts and SENDER_MAX_AGE counted
--- afresh. With new_key, the operation gets a new idempotency key and the
+-- afresh (the attempts so far are added to attempts_before_redrive). With new_key, the operation gets a new idempotency key and the
 -- old one is kept in previous_keys; without, Users sees the same key again.
 -- Rows that are no longer dead (another redrive won) are left alone, and so
 -- is a new key for a row whose old key may have created a user (the answer
 -- was lost, or never judged): only a refusal of Users' is safe to ask anew,
 -- unless the operator forces it after checking Users.
 UPDATE outbox o
-SET state = 'pending', available_at = now(), attempts = 0, age_from = now(),
+SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redrive = o.attempts_before_redrive + d.attempts,
+    age_from = now(),
     dead_at = NULL, lease_token = NULL, claimed_by = NULL, last_error = NULL, reason_class = NULL,
     redrives = o.redrives + 1, redriven_at = now(),
     previous_keys = CASE WHEN @new_key::boolean THEN o.previous_keys || o.idempotency_key ELSE o.previous_keys END,

@@ -66,7 +66,7 @@ func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]
 
 const getOutboxRow = `-- name: GetOutboxRow :one
 SELECT o.id, o.idempotency_key, o.previous_keys, o.operation, o.student_id, o.state,
-       o.attempts, o.reason_class, o.last_error, o.available_at, o.claimed_by, o.created_at,
+       o.attempts, o.attempts_before_redrive, o.reason_class, o.last_error, o.available_at, o.claimed_by, o.created_at,
        o.age_from, o.delivered_at, o.dead_at, o.redrives, o.redriven_at,
        s.name AS student_name, s.user_id AS student_user_id
 FROM outbox o
@@ -75,25 +75,26 @@ WHERE o.id = $1
 `
 
 type GetOutboxRowRow struct {
-	ID             int64
-	IdempotencyKey uuid.UUID
-	PreviousKeys   []uuid.UUID
-	Operation      string
-	StudentID      uuid.UUID
-	State          string
-	Attempts       int32
-	ReasonClass    pgtype.Text
-	LastError      pgtype.Text
-	AvailableAt    time.Time
-	ClaimedBy      pgtype.Text
-	CreatedAt      time.Time
-	AgeFrom        time.Time
-	DeliveredAt    pgtype.Timestamptz
-	DeadAt         pgtype.Timestamptz
-	Redrives       int32
-	RedrivenAt     pgtype.Timestamptz
-	StudentName    string
-	StudentUserID  uuid.NullUUID
+	ID                    int64
+	IdempotencyKey        uuid.UUID
+	PreviousKeys          []uuid.UUID
+	Operation             string
+	StudentID             uuid.UUID
+	State                 string
+	Attempts              int32
+	AttemptsBeforeRedrive int32
+	ReasonClass           pgtype.Text
+	LastError             pgtype.Text
+	AvailableAt           time.Time
+	ClaimedBy             pgtype.Text
+	CreatedAt             time.Time
+	AgeFrom               time.Time
+	DeliveredAt           pgtype.Timestamptz
+	DeadAt                pgtype.Timestamptz
+	Redrives              int32
+	RedrivenAt            pgtype.Timestamptz
+	StudentName           string
+	StudentUserID         uuid.NullUUID
 }
 
 func (q *Queries) GetOutboxRow(ctx context.Context, db DBTX, id int64) (GetOutboxRowRow, error) {
@@ -107,6 +108,7 @@ func (q *Queries) GetOutboxRow(ctx context.Context, db DBTX, id int64) (GetOutbo
 		&i.StudentID,
 		&i.State,
 		&i.Attempts,
+		&i.AttemptsBeforeRedrive,
 		&i.ReasonClass,
 		&i.LastError,
 		&i.AvailableAt,
@@ -174,7 +176,7 @@ func (q *Queries) ListEvents(ctx context.Context, db DBTX, outboxID int64) ([]Li
 
 const listOutbox = `-- name: ListOutbox :many
 
-SELECT o.id, o.idempotency_key, o.operation, o.student_id, o.state, o.attempts, o.reason_class,
+SELECT o.id, o.idempotency_key, o.operation, o.student_id, o.state, o.attempts, o.attempts_before_redrive, o.reason_class,
        o.last_error, o.created_at, o.delivered_at, o.dead_at, o.redrives, o.redriven_at,
        o.state_at::timestamptz AS state_at
 FROM outbox o
@@ -198,20 +200,21 @@ type ListOutboxParams struct {
 }
 
 type ListOutboxRow struct {
-	ID             int64
-	IdempotencyKey uuid.UUID
-	Operation      string
-	StudentID      uuid.UUID
-	State          string
-	Attempts       int32
-	ReasonClass    pgtype.Text
-	LastError      pgtype.Text
-	CreatedAt      time.Time
-	DeliveredAt    pgtype.Timestamptz
-	DeadAt         pgtype.Timestamptz
-	Redrives       int32
-	RedrivenAt     pgtype.Timestamptz
-	StateAt        time.Time
+	ID                    int64
+	IdempotencyKey        uuid.UUID
+	Operation             string
+	StudentID             uuid.UUID
+	State                 string
+	Attempts              int32
+	AttemptsBeforeRedrive int32
+	ReasonClass           pgtype.Text
+	LastError             pgtype.Text
+	CreatedAt             time.Time
+	DeliveredAt           pgtype.Timestamptz
+	DeadAt                pgtype.Timestamptz
+	Redrives              int32
+	RedrivenAt            pgtype.Timestamptz
+	StateAt               time.Time
 }
 
 // The operator's queries: dead letters listed, read and redriven through
@@ -242,6 +245,7 @@ func (q *Queries) ListOutbox(ctx context.Context, db DBTX, arg ListOutboxParams)
 			&i.StudentID,
 			&i.State,
 			&i.Attempts,
+			&i.AttemptsBeforeRedrive,
 			&i.ReasonClass,
 			&i.LastError,
 			&i.CreatedAt,
@@ -263,7 +267,8 @@ func (q *Queries) ListOutbox(ctx context.Context, db DBTX, arg ListOutboxParams)
 
 const redrive = `-- name: Redrive :many
 UPDATE outbox o
-SET state = 'pending', available_at = now(), attempts = 0, age_from = now(),
+SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redrive = o.attempts_before_redrive + d.attempts,
+    age_from = now(),
     dead_at = NULL, lease_token = NULL, claimed_by = NULL, last_error = NULL, reason_class = NULL,
     redrives = o.redrives + 1, redriven_at = now(),
     previous_keys = CASE WHEN $1::boolean THEN o.previous_keys || o.idempotency_key ELSE o.previous_keys END,
@@ -292,7 +297,7 @@ type RedriveRow struct {
 }
 
 // Brings dead rows back: due now, attempts and SENDER_MAX_AGE counted
-// afresh. With new_key, the operation gets a new idempotency key and the
+// afresh (the attempts so far are added to attempts_before_redrive). With new_key, the operation gets a new idempotency key and the
 // old one is kept in previous_keys; without, Users sees the same key again.
 // Rows that are no longer dead (another redrive won) are left alone, and so
 // is a new key for a row whose old key may have created a user (the answer

@@ -24,27 +24,28 @@ type Inbox struct {
 }
 
 type Outbox struct {
-	ID             int64
-	IdempotencyKey uuid.UUID
-	Operation      string
-	StudentID      uuid.UUID
-	Payload        []byte
-	State          string
-	Attempts       int32
-	AvailableAt    time.Time
-	LeaseToken     uuid.NullUUID
-	ClaimedBy      pgtype.Text
-	LastError      pgtype.Text
-	CreatedAt      time.Time
-	DeliveredAt    pgtype.Timestamptz
-	DeadAt         pgtype.Timestamptz
-	ReasonClass    pgtype.Text
-	AgeFrom        time.Time
-	PreviousKeys   []uuid.UUID
-	Redrives       int32
-	RedrivenAt     pgtype.Timestamptz
-	StateAt        pgtype.Timestamptz
-	TraceParent    pgtype.Text
+	ID                    int64
+	IdempotencyKey        uuid.UUID
+	Operation             string
+	StudentID             uuid.UUID
+	Payload               []byte
+	State                 string
+	Attempts              int32
+	AvailableAt           time.Time
+	LeaseToken            uuid.NullUUID
+	ClaimedBy             pgtype.Text
+	LastError             pgtype.Text
+	CreatedAt             time.Time
+	DeliveredAt           pgtype.Timestamptz
+	DeadAt                pgtype.Timestamptz
+	ReasonClass           pgtype.Text
+	AgeFrom               time.Time
+	PreviousKeys          []uuid.UUID
+	Redrives              int32
+	RedrivenAt            pgtype.Timestamptz
+	StateAt               pgtype.Timestamptz
+	TraceParent           pgtype.Text
+	AttemptsBeforeRedrive int32
 }
 
 type OutboxEvent struct {

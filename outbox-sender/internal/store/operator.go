@@ -30,17 +30,20 @@ type Entry struct {
 	StudentID      uuid.UUID
 	StudentName    string        // Get only
 	StudentUserID  uuid.NullUUID // Get only
-	Attempts       int
-	ReasonClass    *string
-	LastError      *string
-	CreatedAt      time.Time
-	DeliveredAt    *time.Time
-	DeadAt         *time.Time
-	Redrives       int
-	RedrivenAt     *time.Time
-	AvailableAt    time.Time // Get only
-	ClaimedBy      *string   // Get only
-	History        []Event   // Get only
+	Attempts       int           // since the last redrive
+	// AttemptsBeforeRedrive is the attempts the row had before its
+	// redrives, summed.
+	AttemptsBeforeRedrive int
+	ReasonClass           *string
+	LastError             *string
+	CreatedAt             time.Time
+	DeliveredAt           *time.Time
+	DeadAt                *time.Time
+	Redrives              int
+	RedrivenAt            *time.Time
+	AvailableAt           time.Time // Get only
+	ClaimedBy             *string   // Get only
+	History               []Event   // Get only
 	// StateAt is when the row reached its state: what List orders by.
 	StateAt time.Time
 }
@@ -96,7 +99,8 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Entry, error) {
 	for i, r := range rows {
 		out[i] = Entry{
 			ID: r.ID, State: r.State, Operation: r.Operation, IdempotencyKey: r.IdempotencyKey, StudentID: r.StudentID,
-			Attempts: int(r.Attempts), ReasonClass: nullText(r.ReasonClass), LastError: nullText(r.LastError),
+			Attempts: int(r.Attempts), AttemptsBeforeRedrive: int(r.AttemptsBeforeRedrive),
+			ReasonClass: nullText(r.ReasonClass), LastError: nullText(r.LastError),
 			CreatedAt: r.CreatedAt, DeliveredAt: nullTime(r.DeliveredAt), DeadAt: nullTime(r.DeadAt),
 			Redrives: int(r.Redrives), RedrivenAt: nullTime(r.RedrivenAt), StateAt: r.StateAt,
 		}
@@ -121,7 +125,8 @@ func (s *Store) Get(ctx context.Context, id int64) (Entry, error) {
 		e = Entry{
 			ID: r.ID, State: r.State, Operation: r.Operation, IdempotencyKey: r.IdempotencyKey, PreviousKeys: r.PreviousKeys,
 			StudentID: r.StudentID, StudentName: r.StudentName, StudentUserID: r.StudentUserID,
-			Attempts: int(r.Attempts), ReasonClass: nullText(r.ReasonClass), LastError: nullText(r.LastError),
+			Attempts: int(r.Attempts), AttemptsBeforeRedrive: int(r.AttemptsBeforeRedrive),
+			ReasonClass: nullText(r.ReasonClass), LastError: nullText(r.LastError),
 			CreatedAt: r.CreatedAt, DeliveredAt: nullTime(r.DeliveredAt), DeadAt: nullTime(r.DeadAt),
 			Redrives: int(r.Redrives), RedrivenAt: nullTime(r.RedrivenAt),
 			AvailableAt: r.AvailableAt, ClaimedBy: nullText(r.ClaimedBy), History: []Event{},
