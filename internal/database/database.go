@@ -135,6 +135,17 @@ func Open(ctx context.Context, dbURL string, l Limits) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// Where says which server and database dbURL names, as host:port/database,
+// for a log line: never the user or the password. It is "(unparsable)"
+// for a URL Config would refuse.
+func Where(dbURL string) string {
+	cfg, err := pgconn.ParseConfig(dbURL)
+	if err != nil {
+		return "(unparsable)"
+	}
+	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))) + "/" + cfg.Database
+}
+
 // DefaultTimeout is the deadline of a transaction whose caller configured
 // none (a zero Config in a test or a library use): no transaction goes
 // unbounded. The binaries always configure their own.

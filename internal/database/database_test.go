@@ -226,3 +226,12 @@ func TestMisconfigurationIsNotAnOutage(t *testing.T) {
 	require.ErrorAs(t, err, &connectErr)
 	require.NotErrorIs(t, Classify(err), ErrUnavailable)
 }
+
+// TestWhere names the server and database of a URL, never its login.
+func TestWhere(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "db.example:5433/student", Where("postgres://outbox_sender:s3cret@db.example:5433/student?sslmode=disable"))
+	require.Equal(t, "localhost:5432/users", Where("postgres://lab_reader@localhost/users?sslmode=disable"))
+	require.NotContains(t, Where("postgres://u:s3cret@h:1/d"), "s3cret")
+	require.Equal(t, "(unparsable)", Where("postgres://h:notaport/d"))
+}

@@ -63,6 +63,20 @@ var ReasonClasses = []string{
 	ReasonConflict, ReasonSenderError,
 }
 
+// RetryClasses are the classes an attempt that is retried may carry: the
+// transient ones, and an unexpected answer that might not recur.
+var RetryClasses = []string{
+	ReasonUsersUnreachable, ReasonUsersUnavailable, ReasonKeyInProgress, ReasonUnexpectedAnswer, ReasonUsersAuthRefused,
+}
+
+// DeadClasses are the classes a dead row may carry. A transient failure
+// that lasts is dead as expired or attempts-exhausted, never as itself; an
+// unexpected answer is dead when it was a 2xx without a user id.
+var DeadClasses = []string{
+	ReasonRefused, ReasonInvalid, ReasonKeyReused, ReasonExpired, ReasonAttemptsExhausted,
+	ReasonConflict, ReasonSenderError, ReasonUnexpectedAnswer,
+}
+
 // NewKeySafe lists the reason classes after which a new idempotency key
 // cannot create a second user: Users answered, and said no. After any other
 // class the old key may have created the user, its answer lost.

@@ -47,4 +47,9 @@ func TestReasonClassesAreDistinct(t *testing.T) {
 		require.True(t, outbox.IsNewKeySafe(class))
 	}
 	require.False(t, outbox.IsNewKeySafe(outbox.ReasonExpired), "an expired key may have created the user")
+	for _, class := range outbox.NewKeySafe {
+		require.Contains(t, outbox.DeadClasses, class)
+	}
+	// Every class is retried, dead, or both.
+	require.ElementsMatch(t, outbox.ReasonClasses, slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(outbox.RetryClasses), outbox.DeadClasses...)))))
 }

@@ -75,8 +75,10 @@ type Part struct {
 }
 
 // Server is the Part that serves h on addr, read from the variable addrVar,
-// with at most maxConns connections open at once.
-func Server(log *slog.Logger, addrVar, addr string, maxConns int, h http.Handler) Part {
+// with at most maxConns connections open at once. name says which of the
+// binary's listeners it is ("api", "admin"), in its log lines.
+func Server(log *slog.Logger, name, addrVar, addr string, maxConns int, h http.Handler) Part {
+	log = log.With(slog.String("listener", name), slog.String("addr_var", addrVar))
 	return Part{
 		Name: addrVar + "=" + addr,
 		Run:  func(ctx context.Context) error { return httpapi.ListenAndServe(ctx, log, addr, maxConns, h) },

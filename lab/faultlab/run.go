@@ -70,9 +70,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	// down, and say so on the page.
 	router := httpapi.NewRouter(log, func(context.Context) error { return nil })
 	api.Routes(router)
-	log.Info("lab starting", slog.String("users_url", usersURL.Redacted()), slog.String("page", cfg.HTTPAddr), slog.String("proxy", cfg.ProxyAddr))
+	// The databases it reads are named, so that one left at its default
+	// (localhost:5432) while the system runs elsewhere shows at once.
+	log.Info("lab starting", slog.String("users_url", usersURL.Redacted()), slog.String("page", cfg.HTTPAddr), slog.String("proxy", cfg.ProxyAddr),
+		slog.String("student_database", database.Where(cfg.StudentDatabaseURL)), slog.String("users_database", database.Where(cfg.UsersDatabaseURL)))
 	return service.RunParts(ctx, []service.Part{
-		service.Server(log, "LAB_HTTP_ADDR", cfg.HTTPAddr, adminMaxConns, router),
+		service.Server(log, "page", "LAB_HTTP_ADDR", cfg.HTTPAddr, adminMaxConns, router),
 		{Name: "LAB_PROXY_ADDR=" + cfg.ProxyAddr, Run: proxy.Run},
 	})
 }

@@ -74,10 +74,12 @@ func (sc *slotCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	gauge(slotOKDesc, b2f(ok && !st.Lost))
+	// With no slot nobody streams: 0, not absent, so that an alert on it
+	// fires exactly then.
+	gauge(slotActiveDesc, b2f(ok && st.Active))
 	if !ok {
 		return
 	}
-	gauge(slotActiveDesc, b2f(st.Active))
 	gauge(slotLagBytesDesc, st.LagBytes)
 	gauge(retainedDesc, st.Retained)
 }

@@ -26,6 +26,7 @@ func (e *Engine) attempt(ctx context.Context, row store.Row) store.Result {
 	})
 	r, status := e.deliver(ctx, row)
 	endSpan(r.Outcome, r.Class, r.Error)
+	e.note(ctx, r)
 	if !e.log.Enabled(ctx, slog.LevelDebug) {
 		return r
 	}

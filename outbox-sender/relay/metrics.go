@@ -90,10 +90,14 @@ func newMetrics() *metrics {
 	// restarted sender facing a Users that is down reports no settled
 	// series at all, and inserted minus settled is then empty, not
 	// growing), and increase() misses that first step.
+	// Only the series that can move: a class that is never retried has
+	// no retry series, one that is never dead no dead series.
 	m.results.WithLabelValues(delivered, reasonLabel(""))
 	m.results.WithLabelValues(released, reasonLabel(""))
-	for _, class := range outbox.ReasonClasses {
+	for _, class := range outbox.RetryClasses {
 		m.results.WithLabelValues(retry, class)
+	}
+	for _, class := range outbox.DeadClasses {
 		m.results.WithLabelValues(dead, class)
 		m.dead.WithLabelValues(class)
 	}

@@ -49,6 +49,7 @@ type Engine struct {
 	source    Source
 	transport Transport
 	metrics   *metrics
+	outage    outage
 }
 
 // New returns an Engine that takes rows from source's feeds, delivers them

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,13 +163,48 @@ func sampleCount(t *testing.T, h prometheus.Histogram) uint64 {
 func TestSettledSeriesStartAtZero(t *testing.T) {
 	t.Parallel()
 	m := newMetrics()
-	// Counted first, before any lookup below could create a series.
-	require.Equal(t, 2+2*len(outbox.ReasonClasses), testutil.CollectAndCount(m.results))
-	require.Equal(t, len(outbox.ReasonClasses), testutil.CollectAndCount(m.dead))
+	// Counted first, before any lookup below could create a series: the
+	// series that can move, and only those.
+	require.Equal(t, 2+len(outbox.RetryClasses)+len(outbox.DeadClasses), testutil.CollectAndCount(m.results))
+	require.Equal(t, len(outbox.DeadClasses), testutil.CollectAndCount(m.dead))
 	require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues(delivered, "none")))
 	require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues(released, "none")))
-	for _, class := range outbox.ReasonClasses {
+	for _, class := range outbox.RetryClasses {
+		require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues(retry, class)), class)
+	}
+	for _, class := range outbox.DeadClasses {
 		require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues(dead, class)), class)
 		require.Zero(t, testutil.ToFloat64(m.dead.WithLabelValues(class)), class)
 	}
+}
+
+// TestOutageIsSaidPaced: a spell of failures is logged at its first
+// failure, then summed up at most every outageSummaryEvery, and its end
+// is logged once; nothing is logged per attempt, and a delivery while all
+// is well logs nothing.
+func TestOutageIsSaidPaced(t *testing.T) {
+	t.Parallel()
+	logs := &strings.Builder{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	var o outage
+	ctx, t0 := context.Background(), time.Now()
+	fail := func(at time.Duration, class string) {
+		o.failed(ctx, log, t0.Add(at), store.Result{Outcome: retry, Class: class, Error: "POST /users: connection refused"})
+	}
+	o.delivered(ctx, log, t0)
+	require.Empty(t, logs.String(), "all is well: nothing to say")
+	fail(0, outbox.ReasonUsersUnreachable)
+	for i := range 6 {
+		fail(time.Duration(i+1)*3*time.Second, outbox.ReasonUsersUnreachable) // 7 attempts in 18s
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "\n"), "one line for the spell's start: %s", logs)
+	require.Contains(t, logs.String(), `"level":"WARN","msg":"deliveries failing`)
+	require.Contains(t, logs.String(), `"reason_class":"users-unreachable"`)
+	fail(31*time.Second, outbox.ReasonUsersUnavailable)
+	require.Contains(t, logs.String(), `"msg":"deliveries still failing","failed_attempts_since_last_line":7,"reason_classes":"users-unavailable=1 users-unreachable=6","failing_for":"31s"`)
+	fail(32*time.Second, outbox.ReasonUsersUnavailable)
+	o.delivered(ctx, log, t0.Add(40*time.Second))
+	o.delivered(ctx, log, t0.Add(41*time.Second))
+	require.Equal(t, 3, strings.Count(logs.String(), "\n"), "%s", logs)
+	require.Contains(t, logs.String(), `"level":"INFO","msg":"deliveries succeed again","failed_attempts":9,"failing_for":"40s"`)
 }

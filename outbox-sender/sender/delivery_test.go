@@ -2,6 +2,7 @@ package sender
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
@@ -284,4 +286,36 @@ func TestAuthRefusedIsRetriedNeverDead(t *testing.T) {
 	require.Equal(t, 1, strings.Count(logs.String(), line), "%s", logs)
 	require.Contains(t, logs.String(), `"status":401`)
 	require.NotContains(t, logs.String(), testToken)
+}
+
+// TestOutageIsLoggedAtTheDefaultLevel: Users unavailable for seven
+// attempts shows in the sender's log at the default level, once when it
+// starts and once when deliveries succeed again, not per attempt.
+func TestOutageIsLoggedAtTheDefaultLevel(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	const failures = 7
+	_, url := newFakeUsers(t, func(w http.ResponseWriter, _ *http.Request, _ string, n int) bool {
+		if n > failures {
+			return false
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return true
+	})
+	addStudents(t, pool, 1)
+	logs := &apitest.Logs{}
+	r := runWith(t, slog.New(slog.NewJSONHandler(logs, nil)), pool, testConfig(url))
+	eventually(t, "delivered once Users answers", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == 1
+	})
+	r.wait(t)
+	failing := logLines(t, logs.String(), "deliveries failing; rows are retried with backoff, and this is said again every 30s while it lasts")
+	require.Len(t, failing, 1, "%s", logs)
+	require.Equal(t, "WARN", failing[0]["level"])
+	require.Equal(t, outbox.ReasonUsersUnavailable, failing[0]["reason_class"])
+	require.Equal(t, "Users answered 503 Service Unavailable", failing[0]["error"])
+	back := logLines(t, logs.String(), "deliveries succeed again")
+	require.Len(t, back, 1, "%s", logs)
+	require.InDelta(t, failures, back[0]["failed_attempts"], 0)
+	require.Empty(t, logLines(t, logs.String(), "delivery"), "no line per attempt at the default level")
 }

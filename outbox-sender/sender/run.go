@@ -22,6 +22,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/service"
 	"github.com/outboxref/outboxref/outbox-sender/deadletter"
@@ -52,14 +53,24 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
 			log = log.With(slog.String("sender_id", cfg.ID))
 			r := New(log, pool, cfg)
-			log.Info("sender starting", slog.String("users_url", usershttp.Redacted(cfg.UsersURL)), slog.Int("batch_size", cfg.BatchSize),
-				slog.Int("concurrency", cfg.Concurrency), slog.Duration("lease", cfg.Lease))
+			// Durations as Go writes them ("30s"): slog's JSON would print
+			// nanoseconds.
+			log.Info("sender starting", slog.String("source", cfg.Source), slog.String("database", database.Where(cfg.DatabaseURL)),
+				slog.String("users_url", usershttp.Redacted(cfg.UsersURL)),
+				slog.Int("batch_size", cfg.BatchSize), slog.Int("concurrency", cfg.Concurrency),
+				slog.String("lease", cfg.Lease.String()), slog.String("poll_interval", cfg.PollInterval.String()))
+			if main, cdc := database.Where(cfg.DatabaseURL), database.Where(cfg.CDCDatabaseURL); cfg.Source == SourceCDC && main != cdc {
+				// Both must be Student's database; a default left in place
+				// when only one was moved points the stream elsewhere.
+				log.Warn("SENDER_CDC_DATABASE_URL and SENDER_DATABASE_URL name different databases: both must be Student's",
+					slog.String("database", main), slog.String("cdc_database", cdc))
+			}
 			return []service.Part{
 				{Name: "delivery", Run: r.Run},
 				{Name: "outbox purge", Run: r.PurgeLoop},
 				// Without its admin port the sender is unobservable: if the
 				// server fails, the whole process stops.
-				service.Server(log, "SENDER_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, adminRouter(log, pool, r)),
+				service.Server(log, "admin", "SENDER_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, adminRouter(log, pool, r)),
 			}
 		},
 	}.Run(ctx, args, stdout)

@@ -57,7 +57,7 @@ type Transport struct {
 func New(log *slog.Logger, cfg Config) *Transport {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = cfg.Concurrency
-	return &Transport{
+	t := &Transport{
 		cfg: cfg, log: log,
 		client: &http.Client{Transport: transport, Timeout: cfg.Timeout},
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -70,6 +70,12 @@ func New(log *slog.Logger, cfg Config) *Transport {
 			Help: "Deliveries Users refused for the sender's credentials (401 or 403), by status: a misconfiguration, alert on any increase.",
 		}, []string{"status"}),
 	}
+	// Both series exist from the start, so an alert's increase() sees the
+	// first refusal.
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden} {
+		t.authFailures.WithLabelValues(strconv.Itoa(status))
+	}
+	return t
 }
 
 // Collectors returns the transport's metrics.

@@ -38,8 +38,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				return nil
 			}
 			return []service.Part{
-				service.Server(log, "STUDENT_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
-				service.Server(log, "STUDENT_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, s.AdminRoutes()),
+				service.Server(log, "api", "STUDENT_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
+				service.Server(log, "admin", "STUDENT_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, s.AdminRoutes()),
 				{Name: "inbox purge", Run: purge},
 				{Name: "outbox wake-up", Run: wake},
 			}

@@ -41,8 +41,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				return nil
 			}
 			return []service.Part{
-				service.Server(log, "USERS_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
-				service.Server(log, "USERS_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, s.AdminRoutes()),
+				service.Server(log, "api", "USERS_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
+				service.Server(log, "admin", "USERS_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, s.AdminRoutes()),
 				{Name: "inbox purge", Run: purge},
 			}
 		},
