@@ -13,11 +13,16 @@ PACKAGES := ./... ./lab/... ./deploy/... ./e2e/...
 SQLC := GOWORK=off $(GO) tool -modfile=tools/go.mod sqlc
 LINT  = $(shell GOWORK=off $(GO) tool -modfile=tools/golangci-lint/go.mod -n golangci-lint)
 
-.PHONY: help test e2e bench soak lint generate check-generated vet fmt-check build ci
+.PHONY: help run test e2e bench soak lint generate check-generated vet fmt-check build ci
 
 ## help: list the commands
 help:
 	@awk 'sub(/^## /, "") { split($$0, a, ": "); printf "  make %-16s %s\n", a[1], substr($$0, length(a[1]) + 3) }' $(MAKEFILE_LIST)
+
+## run: the whole system on this machine, without Docker (Go and PostgreSQL's server binaries); Ctrl-C stops it (RUN_PORT_BASE, RUN_DATA_DIR, RUN_DATABASE_URL)
+run:
+	@$(GO) build -o bin/outboxref-run ./testkit/run
+	@bin/outboxref-run
 
 ## test: every unit and integration test, with -race, on a throwaway PostgreSQL cluster (or on TEST_DATABASE_URL)
 test:

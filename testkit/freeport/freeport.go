@@ -64,6 +64,39 @@ func Addr() (string, error) {
 	return "", errors.New("free port: every port below the ephemeral range is taken")
 }
 
+// Block returns the first of n consecutive loopback ports that nothing
+// listened on a moment ago, for a program that takes one base port and
+// opens the ones above it (make run's RUN_PORT_BASE). Like Addr's, they are
+// handed out once per process.
+func Block(n int) (int, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	if next == 0 {
+		start, end = lowest, ephemeralLow()
+		next = start + rand.IntN(end-start)
+	}
+	for range (end - start) / n {
+		base := next
+		if base+n > end {
+			base = start
+		}
+		next = base + n
+		free := true
+		for port := base; port < base+n && free; port++ {
+			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+			if err != nil {
+				free = false
+				continue
+			}
+			free = ln.Close() == nil
+		}
+		if free {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("free port: no %d consecutive free ports below the ephemeral range", n)
+}
+
 // ephemeralLow is where the kernel's range for outgoing connections
 // starts: Linux says in /proc; elsewhere, the IANA range's start.
 func ephemeralLow() int {

@@ -27,3 +27,18 @@ func TestAddrIsFreeUniqueAndBelowTheEphemeralRange(t *testing.T) {
 		require.NoError(t, ln.Close())
 	}
 }
+
+// TestBlock: n consecutive ports, each free, and never handed out twice.
+func TestBlock(t *testing.T) {
+	t.Parallel()
+	base, err := Block(8)
+	require.NoError(t, err)
+	for port := base; port < base+8; port++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		require.NoError(t, err, "port %d", port)
+		require.NoError(t, ln.Close())
+	}
+	again, err := Block(8)
+	require.NoError(t, err)
+	require.True(t, again >= base+8 || again+8 <= base, "blocks %d and %d overlap", base, again)
+}
