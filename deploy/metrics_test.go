@@ -7,6 +7,7 @@ package deploy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -116,15 +117,14 @@ func TestDocumentedMetricsExistFromTheStart(t *testing.T) {
 	studentDB, usersDB := pgtest.URL(t, migrations.Student), pgtest.URL(t, migrations.Users)
 	const token = "metrics-test-token-0123456789"
 	studentAdmin, usersAdmin := apitest.FreeAddr(t), apitest.FreeAddr(t)
-	run := func(ready string, run func(context.Context, []string, func(string) string, *apitest.Logs) error, env func(string) string) {
+	type runFunc func(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error
+	run := func(ready string, run runFunc, env func(string) string) {
 		apitest.RunUntilReady(t, "http://"+ready+"/readyz", func(ctx context.Context) error { return run(ctx, nil, env, &apitest.Logs{}) })
 	}
-	run(studentAdmin, func(ctx context.Context, a []string, g func(string) string, l *apitest.Logs) error { return studentsvc.Run(ctx, a, g, l) },
-		apitest.Env("STUDENT_DATABASE_URL", pgtest.RoleURL(t, studentDB, migrations.StudentApp),
-			"STUDENT_HTTP_ADDR", apitest.FreeAddr(t), "STUDENT_ADMIN_ADDR", studentAdmin))
-	run(usersAdmin, func(ctx context.Context, a []string, g func(string) string, l *apitest.Logs) error { return usersvc.Run(ctx, a, g, l) },
-		apitest.Env("USERS_DATABASE_URL", pgtest.RoleURL(t, usersDB, migrations.UsersApp), "USERS_API_TOKENS", "outbox-sender:"+token,
-			"USERS_HTTP_ADDR", apitest.FreeAddr(t), "USERS_ADMIN_ADDR", usersAdmin))
+	run(studentAdmin, studentsvc.Run, apitest.Env("STUDENT_DATABASE_URL", pgtest.RoleURL(t, studentDB, migrations.StudentApp),
+		"STUDENT_HTTP_ADDR", apitest.FreeAddr(t), "STUDENT_ADMIN_ADDR", studentAdmin))
+	run(usersAdmin, usersvc.Run, apitest.Env("USERS_DATABASE_URL", pgtest.RoleURL(t, usersDB, migrations.UsersApp),
+		"USERS_API_TOKENS", "outbox-sender:"+token, "USERS_HTTP_ADDR", apitest.FreeAddr(t), "USERS_ADMIN_ADDR", usersAdmin))
 	served := scrapeFamilies(t, "http://"+studentAdmin+"/metrics")
 	for name, n := range scrapeFamilies(t, "http://"+usersAdmin+"/metrics") {
 		served[name] += n
@@ -141,7 +141,7 @@ func TestDocumentedMetricsExistFromTheStart(t *testing.T) {
 		if source == sender.SourceCDC {
 			dropSlotAtCleanup(t, db, slot)
 		}
-		run(admin, func(ctx context.Context, a []string, g func(string) string, l *apitest.Logs) error { return sender.Run(ctx, a, g, l) }, env)
+		run(admin, sender.Run, env)
 		docs := senders
 		if source == sender.SourcePoll {
 			docs = pollMetrics(senders)

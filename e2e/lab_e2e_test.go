@@ -53,12 +53,12 @@ const labScreenshotEnv = "LAB_SCREENSHOT"
 var pageNumbers = []string{
 	"students-total", "students-pending", "students-linked", "students-failed",
 	"outbox-pending", "outbox-delivered", "outbox-dead", "attempts", "redeliveries",
-	"users", "inbox", "replays",
+	"users", "inbox", "replays", "own-users", "students-all",
 	"check-lost", "check-duplicated", "check-mislinked", "check-unexpected",
 }
 
 // pageTexts are the other elements whose text the test reads and logs.
-var pageTexts = []string{"updated", "errors", "create-msg", "drop-answers-msg", "heal-msg"}
+var pageTexts = []string{"updated", "errors", "create-msg", "drop-answers-msg", "heal-msg", "one-each-msg"}
 
 // labSystem is what the test runs: Student, Users, one outbox sender whose
 // Users is the lab's fault proxy, and the lab.
@@ -127,9 +127,11 @@ func TestLabInBrowser(t *testing.T) {
 	for id, want := range map[string]int{
 		"students-total": labStudents, "students-linked": labStudents, "students-pending": 0, "students-failed": 0,
 		"check-lost": 0, "check-duplicated": 0, "check-mislinked": 0, "check-unexpected": 0,
+		"own-users": labStudents, "students-all": labStudents,
 	} {
 		require.Equal(t, want, final.num(id), "#%s on the page; the page showed %s", id, final)
 	}
+	require.Equal(t, "every student has exactly one user", final["one-each-msg"], "the tile says it plainly")
 	require.Positive(t, final.num("redeliveries"), "#redeliveries on the page: the dropped answers must have been redelivered; the page showed %s", final)
 
 	// 7. The picture of it.

@@ -55,7 +55,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			r := New(log, pool, cfg)
 			// Durations as Go writes them ("30s"): slog's JSON would print
 			// nanoseconds.
-			log.Info("sender starting", slog.String("source", cfg.Source), slog.String("database", database.Where(cfg.DatabaseURL)),
+			log.Info("sender starting", slog.String("sender_source", cfg.Source), slog.String("database", database.Where(cfg.DatabaseURL)),
 				slog.String("users_url", usershttp.Redacted(cfg.UsersURL)),
 				slog.Int("batch_size", cfg.BatchSize), slog.Int("concurrency", cfg.Concurrency),
 				slog.String("lease", cfg.Lease.String()), slog.String("poll_interval", cfg.PollInterval.String()))

@@ -207,7 +207,7 @@ type index struct {
 	inbox   map[string]InboxRow     // the students' caller's rows, by key
 	foreign map[uuid.UUID]bool      // users created under another caller's or a foreign key
 	users   map[uuid.UUID]UserRow
-	byDoc   map[string][]UserRow    // the users that are not foreign, by document number
+	byDoc   map[string][]UserRow // the users that are not foreign, by document number
 }
 
 // newIndex indexes st, and counts on r what the rows say by themselves:

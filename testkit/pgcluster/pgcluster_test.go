@@ -129,7 +129,7 @@ func TestHomeKeepsTheCluster(t *testing.T) {
 	}
 	// Not t.TempDir(): the server may run as another user, who must be able
 	// to reach the folder.
-	home, err := os.MkdirTemp("", "pgcluster-home-")
+	home, err := os.MkdirTemp("", "pgcluster-home-") //nolint:usetesting // see above: t.TempDir() is not reachable by the server's user
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(home) })
 	start := func() *Cluster {
