@@ -14,6 +14,8 @@ import (
 
 	"github.com/compose-spec/compose-go/v2/types"
 
+	"github.com/outboxref/outboxref/internal/auth"
+	"github.com/outboxref/outboxref/lab/faultlab"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
 	"github.com/outboxref/outboxref/services/users/usersvc"
 )
@@ -266,6 +268,32 @@ func checkCallers(d *deployment) []string {
 			// checkServiceURLs reports it
 		case !ok || users != called:
 			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_TOKEN is not among the tokens %q accepts (USERS_API_TOKENS): Users would refuse every delivery", s.Name, called))
+		}
+	}
+	// The lab's redrive button calls the sender's admin port as an
+	// operator: its token must be one of that sender's SENDER_ADMIN_TOKENS.
+	for _, l := range d.goServices() {
+		name, b, _ := binaryOf(l)
+		if name != "lab" {
+			continue
+		}
+		lc, _, err := faultlab.LoadConfig(getenvOf(l.Environment))
+		if err != nil {
+			continue // checkEnvironment reports it
+		}
+		called := d.calledService(l, b.call("LAB_SENDER_ADMIN_URL"))
+		if called == "" {
+			continue // checkServiceURLs reports it
+		}
+		sc, _, err := sender.LoadConfig(getenvOf(d.project.Services[called].Environment))
+		if err != nil {
+			continue
+		}
+		switch {
+		case lc.SenderAdminToken == "":
+			problems = append(problems, fmt.Sprintf("%q: LAB_SENDER_ADMIN_TOKEN is not set: the page's redrive button would be refused (401)", l.Name))
+		case !slices.ContainsFunc(sc.Operators, func(c auth.Credential) bool { return c.Token == lc.SenderAdminToken }):
+			problems = append(problems, fmt.Sprintf("%q: LAB_SENDER_ADMIN_TOKEN is not among the tokens %q accepts (SENDER_ADMIN_TOKENS): the page's redrive button would be refused (401)", l.Name, called))
 		}
 	}
 	return problems

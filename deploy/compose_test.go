@@ -286,6 +286,11 @@ secrets:
 			`"outbox-sender-2": SENDER_USERS_TOKEN is not set`,
 			`"users-2": USERS_API_TOKENS is not set: Users refuses to serve without callers`,
 			`"users-migrate-2": USERS_API_TOKENS is set, but a migration serves no one`,
+			`"lab": LAB_SENDER_ADMIN_TOKEN is not set: the page's redrive button would be refused (401)`,
+		},
+		"admin ports answer their callers' names": {
+			`"lab": LAB_USERS_ADMIN_URL=http://users:8091 calls "users" by a name its USERS_ADMIN_ALLOWED_HOSTS does not list`,
+			`"prometheus": job "users" scrapes users:8091 by a name its USERS_ADMIN_ALLOWED_HOSTS does not list`,
 		},
 		"observability profile": {
 			`"jaeger": has profiles [], want only [observability]`,

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/compose-spec/compose-go/v2/types"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -157,6 +158,29 @@ type scrapeConfig struct {
 // unless --config.file says otherwise.
 const prometheusConfigFile = "/etc/prometheus/prometheus.yml"
 
+// scrapeConfigOf reads the configuration a Prometheus service runs with.
+func (d *deployment) scrapeConfigOf(p types.ServiceConfig) (scrapeConfig, error) {
+	inContainer := prometheusConfigFile
+	for _, arg := range p.Command {
+		if v, ok := strings.CutPrefix(arg, "--config.file="); ok {
+			inContainer = v
+		}
+	}
+	file := d.hostPath(p, inContainer)
+	if file == "" {
+		return scrapeConfig{}, fmt.Errorf("nothing is mounted at %s, its configuration", inContainer)
+	}
+	var cfg scrapeConfig
+	text, err := os.ReadFile(file)
+	if err == nil {
+		err = yaml.Unmarshal(text, &cfg)
+	}
+	if err != nil {
+		return scrapeConfig{}, fmt.Errorf("%s: %w", file, err)
+	}
+	return cfg, nil
+}
+
 // checkScrapes: Prometheus scrapes exactly the admin listeners of the
 // serving Go services whose binaries serve /metrics (binary.metrics), at
 // the ports their own config loaders say. A target missing is a binary
@@ -187,24 +211,9 @@ func checkScrapes(d *deployment) []string {
 		}
 	}
 	for _, p := range d.servicesOf(observabilityServices["prometheus"]) {
-		inContainer := prometheusConfigFile
-		for _, arg := range p.Command {
-			if v, ok := strings.CutPrefix(arg, "--config.file="); ok {
-				inContainer = v
-			}
-		}
-		file := d.hostPath(p, inContainer)
-		if file == "" {
-			problems = append(problems, fmt.Sprintf("%q: nothing is mounted at %s, its configuration", p.Name, inContainer))
-			continue
-		}
-		var cfg scrapeConfig
-		text, err := os.ReadFile(file)
-		if err == nil {
-			err = yaml.Unmarshal(text, &cfg)
-		}
+		cfg, err := d.scrapeConfigOf(p)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("%q: %s: %v", p.Name, file, err))
+			problems = append(problems, fmt.Sprintf("%q: %v", p.Name, err))
 			continue
 		}
 		got := map[string]string{} // target → job

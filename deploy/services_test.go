@@ -49,6 +49,9 @@ type binary struct {
 	// for the sender it is its only listener, and for the lab it is the
 	// page, whose controls break the system.
 	adminVar string
+	// hostsVar lists the host names adminVar's listener answers to,
+	// besides loopback: a caller that names it otherwise gets 403.
+	hostsVar string
 	// metrics says adminVar's listener serves /metrics, which Prometheus
 	// must scrape. The lab serves none: its page shows what it knows.
 	metrics bool
@@ -136,8 +139,10 @@ type appConfig struct {
 	// services it calls, by variable.
 	listens, urls map[string]string
 	dbURL         string
-	migrateURL    string  // "" for a binary without migrations
-	logins        []login // the roles "migrate" gives a password (binary left "")
+	// hosts are the names its admin listener answers to (hostsVar).
+	hosts      []string
+	migrateURL string  // "" for a binary without migrations
+	logins     []login // the roles "migrate" gives a password (binary left "")
 	// defaults are the loader's defaults, by variable: what the binary
 	// uses for a variable the service leaves unset.
 	defaults map[string]any
@@ -147,7 +152,7 @@ type appConfig struct {
 // names the binary after the package folder, "student".
 var binaries = map[string]binary{
 	"student": {
-		pkg: "./services/student", addrVar: "STUDENT_HTTP_ADDR", adminVar: "STUDENT_ADMIN_ADDR", dbVar: "STUDENT_DATABASE_URL",
+		pkg: "./services/student", addrVar: "STUDENT_HTTP_ADDR", adminVar: "STUDENT_ADMIN_ADDR", hostsVar: "STUDENT_ADMIN_ALLOWED_HOSTS", dbVar: "STUDENT_DATABASE_URL",
 		role: migrations.StudentApp, passwordVar: "STUDENT_DATABASE_PASSWORD", migrateVar: "STUDENT_MIGRATE_DATABASE_URL",
 		metrics: true, traces: true,
 		logins: []login{
@@ -160,13 +165,13 @@ var binaries = map[string]binary{
 			c, r, err := studentsvc.LoadConfig(getenv)
 			return appConfig{
 				names: r.Names(), defaults: defaults(r),
-				listens: map[string]string{"STUDENT_HTTP_ADDR": c.HTTPAddr, "STUDENT_ADMIN_ADDR": c.AdminAddr},
-				dbURL:   c.DatabaseURL, migrateURL: c.MigrateDatabaseURL, logins: loginsOf(c.Logins),
+				listens: map[string]string{"STUDENT_HTTP_ADDR": c.HTTPAddr, "STUDENT_ADMIN_ADDR": c.AdminAddr}, hosts: c.AdminAllowedHosts,
+				dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL, logins: loginsOf(c.Logins),
 			}, err
 		},
 	},
 	"users": {
-		pkg: "./services/users", addrVar: "USERS_HTTP_ADDR", adminVar: "USERS_ADMIN_ADDR", dbVar: "USERS_DATABASE_URL",
+		pkg: "./services/users", addrVar: "USERS_HTTP_ADDR", adminVar: "USERS_ADMIN_ADDR", hostsVar: "USERS_ADMIN_ALLOWED_HOSTS", dbVar: "USERS_DATABASE_URL",
 		role: migrations.UsersApp, passwordVar: "USERS_DATABASE_PASSWORD", migrateVar: "USERS_MIGRATE_DATABASE_URL",
 		metrics: true, traces: true,
 		logins: []login{
@@ -177,13 +182,13 @@ var binaries = map[string]binary{
 			c, r, err := usersvc.LoadConfig(getenv)
 			return appConfig{
 				names: r.Names(), defaults: defaults(r),
-				listens: map[string]string{"USERS_HTTP_ADDR": c.HTTPAddr, "USERS_ADMIN_ADDR": c.AdminAddr},
-				dbURL:   c.DatabaseURL, migrateURL: c.MigrateDatabaseURL, logins: loginsOf(c.Logins),
+				listens: map[string]string{"USERS_HTTP_ADDR": c.HTTPAddr, "USERS_ADMIN_ADDR": c.AdminAddr}, hosts: c.AdminAllowedHosts,
+				dbURL: c.DatabaseURL, migrateURL: c.MigrateDatabaseURL, logins: loginsOf(c.Logins),
 			}, err
 		},
 	},
 	"outbox-sender": {
-		pkg: "./outbox-sender", addrVar: "SENDER_ADMIN_ADDR", adminVar: "SENDER_ADMIN_ADDR",
+		pkg: "./outbox-sender", addrVar: "SENDER_ADMIN_ADDR", adminVar: "SENDER_ADMIN_ADDR", hostsVar: "SENDER_ADMIN_ALLOWED_HOSTS",
 		metrics: true, traces: true,
 		// Users, or the lab's fault proxy in front of it.
 		calls: []call{{"SENDER_USERS_URL", "users", "USERS_HTTP_ADDR", true}},
@@ -200,9 +205,9 @@ var binaries = map[string]binary{
 			c, r, err := sender.LoadConfig(getenv)
 			return appConfig{
 				names: r.Names(), defaults: defaults(r),
-				listens: map[string]string{"SENDER_ADMIN_ADDR": c.AdminAddr},
-				urls:    map[string]string{"SENDER_USERS_URL": c.UsersURL},
-				dbURL:   c.DatabaseURL,
+				listens: map[string]string{"SENDER_ADMIN_ADDR": c.AdminAddr}, hosts: c.AdminAllowedHosts,
+				urls:  map[string]string{"SENDER_USERS_URL": c.UsersURL},
+				dbURL: c.DatabaseURL,
 			}, err
 		},
 	},
@@ -211,7 +216,7 @@ var binaries = map[string]binary{
 	// It has no migrations: each database's migration gives its login,
 	// lab_reader, a password.
 	"lab": {
-		pkg: "./lab", addrVar: "LAB_HTTP_ADDR", adminVar: "LAB_HTTP_ADDR",
+		pkg: "./lab", addrVar: "LAB_HTTP_ADDR", adminVar: "LAB_HTTP_ADDR", hostsVar: "LAB_ALLOWED_HOSTS",
 		internalVars: []string{"LAB_PROXY_ADDR"},
 		proxy:        proxy{addrVar: "LAB_PROXY_ADDR", upstreamVar: "LAB_USERS_URL"},
 		calls: []call{
@@ -229,7 +234,7 @@ var binaries = map[string]binary{
 			c, r, err := faultlab.LoadConfig(getenv)
 			return appConfig{
 				names: r.Names(), defaults: defaults(r),
-				listens: map[string]string{"LAB_HTTP_ADDR": c.HTTPAddr, "LAB_PROXY_ADDR": c.ProxyAddr},
+				listens: map[string]string{"LAB_HTTP_ADDR": c.HTTPAddr, "LAB_PROXY_ADDR": c.ProxyAddr}, hosts: c.AllowedHosts,
 				urls: map[string]string{
 					"LAB_USERS_URL": c.UsersURL, "LAB_STUDENT_URL": c.StudentURL, "LAB_STUDENT_ADMIN_URL": c.StudentAdminURL,
 					"LAB_USERS_ADMIN_URL": c.UsersAdminURL, "LAB_SENDER_ADMIN_URL": c.SenderAdminURL,

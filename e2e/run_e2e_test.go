@@ -82,6 +82,8 @@ func TestMakeRun(t *testing.T) {
 	require.Contains(t, runbook, `outbox_sender_dead_letters_total{reason_class="refused"} 1`)
 	require.Contains(t, runbook, `"redrives":2`)
 	require.Contains(t, runbook, "outbox-row-not-dead")
+	require.Contains(t, runbook, `"actor":"operator"`, "a redrive is recorded under the operator's name")
+	require.Contains(t, runbook, "/problems/unauthorized", "the operator's routes refuse a request without a token")
 
 	// What the lab's page shows: the checker agrees with the runbook.
 	var st struct {

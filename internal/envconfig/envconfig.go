@@ -7,6 +7,7 @@ package envconfig
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"slices"
@@ -171,6 +172,24 @@ func (r *Reader) Require(name, v, why string) {
 	if v == "" {
 		r.errs = append(r.errs, fmt.Errorf("%s (or %s_FILE) is required: %s", name, name, why))
 	}
+}
+
+// Hosts returns a comma-separated list of host names (no scheme, no
+// port), lower-cased; "" is none.
+func (r *Reader) Hosts(name string) []string {
+	v := r.String(name, "")
+	var hosts []string
+	for h := range strings.SplitSeq(v, ",") {
+		h = strings.ToLower(strings.TrimSpace(h))
+		switch {
+		case h == "":
+		case strings.ContainsAny(h, "/:@ ") && net.ParseIP(h) == nil:
+			r.fail(name, v, fmt.Sprintf("%q is not a host name; list names without scheme or port, such as metrics.example.internal", h))
+		default:
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
 }
 
 // Int returns the variable as an integer within [lo, hi].

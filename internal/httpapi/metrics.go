@@ -72,13 +72,41 @@ func NewRegistry(cs ...prometheus.Collector) *prometheus.Registry {
 // MetricsRoute adds GET /metrics, serving reg in Prometheus' text format,
 // to an admin router. A collector that fails is left out of the answer, and
 // logged, rather than failing the scrape: the rest is what an operator
-// needs most when something is wrong. Two scrapes at a time are served
-// (more wait): a collector that reads the database borrows the service's
-// pool, and scrapes must not crowd out the work they watch.
+// needs most when something is wrong. Two scrapes at a time are served: a
+// collector that reads the database borrows the service's pool, and
+// scrapes must not crowd out the work they watch. Others wait their turn,
+// for as long as the scraper said it waits (Prometheus sends
+// X-Prometheus-Scrape-Timeout-Seconds), and at most metricsWait; only a
+// scrape that waited that long is answered 503, as a problem, with
+// Retry-After.
 func MetricsRoute(r chi.Router, log *slog.Logger, reg prometheus.Gatherer) {
-	r.Get("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
-		ErrorHandling:       promhttp.ContinueOnError,
-		ErrorLog:            slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		MaxRequestsInFlight: 2,
-	}).ServeHTTP)
+	serve := promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorHandling: promhttp.ContinueOnError,
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	})
+	turns := make(chan struct{}, 2)
+	r.Get("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		wait := metricsWait
+		if secs, err := strconv.ParseFloat(r.Header.Get("X-Prometheus-Scrape-Timeout-Seconds"), 64); err == nil && secs > 0 {
+			wait = min(wait, time.Duration(secs*float64(time.Second)))
+		}
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		select {
+		case turns <- struct{}{}:
+		case <-r.Context().Done():
+			return // the scraper gave up: nobody reads an answer
+		case <-timer.C:
+			p := Unavailable("two scrapes are being served and this one waited "+wait.String()+" for its turn; retry later", nil)
+			p.Expected = true
+			Render(w, r, p)
+			return
+		}
+		defer func() { <-turns }()
+		serve.ServeHTTP(w, r)
+	})
 }
+
+// metricsWait is the longest a scrape waits for its turn: Prometheus'
+// default scrape timeout.
+const metricsWait = 10 * time.Second

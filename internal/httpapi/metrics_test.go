@@ -1,11 +1,17 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -75,4 +81,86 @@ func TestMetricsRoute(t *testing.T) {
 	require.Contains(t, w.Body.String(), "\ntest_things_total 3\n")
 	require.Contains(t, w.Body.String(), "\ngo_goroutines ")
 	require.Contains(t, w.Body.String(), "\nprocess_start_time_seconds ")
+}
+
+// slowCollector takes its time, as one that reads a busy database does.
+type slowCollector struct{ d time.Duration }
+
+func (s slowCollector) Describe(chan<- *prometheus.Desc) {}
+func (s slowCollector) Collect(chan<- prometheus.Metric) { time.Sleep(s.d) }
+
+// TestExtraScrapesWait: two scrapes are served at a time and a third
+// waits its turn, then succeeds; a scrape that waits longer than its
+// scraper said it would is answered 503 as a problem with Retry-After,
+// logged at warn level.
+func TestExtraScrapesWait(t *testing.T) {
+	t.Parallel()
+	logs := &bytes.Buffer{}
+	var mu sync.Mutex
+	log := slog.New(slog.NewJSONHandler(&lockedWriter{w: logs, mu: &mu}, nil))
+	r := NewRouter(log, func(context.Context) error { return nil })
+	MetricsRoute(r, log, NewRegistry(slowCollector{300 * time.Millisecond}))
+	scrape := func(timeout string) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/metrics", http.NoBody)
+		if timeout != "" {
+			req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", timeout)
+		}
+		r.ServeHTTP(w, req)
+		return w
+	}
+	codes := make(chan int, 3)
+	for range 3 {
+		go func() { codes <- scrape("").Code }()
+	}
+	for range 3 {
+		require.Equal(t, http.StatusOK, <-codes, "every scrape is served, the third after waiting")
+	}
+
+	for range 2 {
+		go func() { codes <- scrape("").Code }()
+	}
+	time.Sleep(50 * time.Millisecond) // both are being served
+	w := scrape("0.1")
+	require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	require.Equal(t, ProblemContentType, w.Header().Get("Content-Type"))
+	require.Equal(t, "1", w.Header().Get("Retry-After"))
+	for range 2 {
+		require.Equal(t, http.StatusOK, <-codes)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Contains(t, logs.String(), `"level":"WARN","msg":"http request","method":"GET","path":"/metrics","status":503`)
+	require.NotContains(t, logs.String(), `"level":"ERROR"`)
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// TestFailingReadinessIsLoggedPaced: probes of a readiness that fails are
+// answered 503 each, and logged once a minute at warn level, not at
+// error level each.
+func TestFailingReadinessIsLoggedPaced(t *testing.T) {
+	t.Parallel()
+	logs := &bytes.Buffer{}
+	var mu sync.Mutex
+	log := slog.New(slog.NewJSONHandler(&lockedWriter{w: logs, mu: &mu}, nil))
+	r := NewRouter(log, func(context.Context) error { return errors.New("dial tcp 10.0.0.5:5432: connection refused") })
+	for range 5 {
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", http.NoBody))
+		require.Equal(t, http.StatusServiceUnavailable, w.Code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, strings.Count(logs.String(), "\n"), "%s", logs)
+	require.Contains(t, logs.String(), `"level":"WARN","msg":"not ready: the database is not reachable","failed_probes":1`)
 }

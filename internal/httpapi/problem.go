@@ -37,6 +37,8 @@ const (
 	// The sender's admin routes' own types.
 	TypeOutboxRowNotDead = "/problems/outbox-row-not-dead"
 	TypeNewKeyUnsafe     = "/problems/new-key-unsafe"
+	TypeRedriveLimit     = "/problems/redrive-limit"
+	TypeOutboxRowBusy    = "/problems/outbox-row-busy"
 )
 
 // FieldError names one input field and what is wrong with it.
@@ -61,6 +63,11 @@ type Problem struct {
 	// Cause is what went wrong inside, for the request's log line; it is
 	// never sent.
 	Cause error `json:"-"`
+	// Expected marks a 5xx that is a known state, not a fault to alert on
+	// (not ready yet, too many scrapes at once): its request line is
+	// logged at warn level, not error. Logged is a 5xx whose cause was
+	// already said elsewhere, paced: its line is left at debug level.
+	Expected, Logged bool `json:"-"`
 }
 
 func (p *Problem) Error() string {

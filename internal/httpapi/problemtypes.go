@@ -108,6 +108,19 @@ var problemTypes = []ProblemType{
 		Action: "Redrive with retry, or look the row's keys up in Users' inbox and, when none created a user, " +
 			"send \"force\": true.",
 	},
+	{
+		URI: TypeRedriveLimit, Title: "Redrive limit reached", Status: http.StatusConflict,
+		About: "The row has been redriven as many times as SENDER_MAX_REDRIVES allows, and stays dead. Each " +
+			"redrive with a new key leaves one more key in Users' inbox; a row that keeps dying has a cause " +
+			"a redrive does not fix.",
+		Action: "Read the row's history (GET /outbox/{id}) and fix the cause. To try again after that, raise " +
+			"SENDER_MAX_REDRIVES.",
+	},
+	{
+		URI: TypeOutboxRowBusy, Title: "Outbox row is busy", Status: http.StatusConflict,
+		About:  "Another transaction holds the row's lock (another redrive, or a session of an operator's), so it was left as it was.",
+		Action: "Retry after the Retry-After header's seconds.",
+	},
 }
 
 // LookupProblemType returns the registered type with the given URI.

@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outboxref/outboxref/internal/alarm"
 	"github.com/outboxref/outboxref/internal/telemetry"
 )
 
@@ -34,7 +35,14 @@ func NewPublicRouter(log *slog.Logger, ping func(context.Context) error) chi.Rou
 	return newRouter(log, ping, telemetry.PublicMiddleware)
 }
 
-func newRouter(log *slog.Logger, ping func(context.Context) error, traced func(http.Handler) http.Handler) chi.Router {
+// NewAdminRouter is NewRouter for an admin listener: it answers only the
+// host names AllowHosts lets through (loopback, and those listed in the
+// variable hostsVar).
+func NewAdminRouter(log *slog.Logger, ping func(context.Context) error, hostsVar string, hosts []string) chi.Router {
+	return newRouter(log, ping, telemetry.Middleware, AllowHosts(hostsVar, hosts))
+}
+
+func newRouter(log *slog.Logger, ping func(context.Context) error, traced func(http.Handler) http.Handler, more ...func(http.Handler) http.Handler) chi.Router {
 	r := chi.NewRouter()
 	// The request's span comes first, so that everything below, the log
 	// line included, runs inside it.
@@ -44,10 +52,11 @@ func newRouter(log *slog.Logger, ping func(context.Context) error, traced func(h
 	// can quietly take one of its values. The request id is assigned
 	// before LogRequests, whose line carries it.
 	r.Use(AssignRequestID, LogRequests(log), recoverPanics, middleware.GetHead, rejectRepeatedQuery)
+	r.Use(more...)
 	r.NotFound(notFound)
 	r.MethodNotAllowed(methodNotAllowed(r))
 	r.Get("/healthz", Handle(healthz))
-	r.Get("/readyz", Handle(readyz(ping)))
+	r.Get("/readyz", Handle(readyz(log, ping)))
 	problemPages(r)
 	return r
 }
@@ -80,14 +89,23 @@ func healthz(w http.ResponseWriter, _ *http.Request) error {
 
 // readyz answers 200 when ping (the database, the one dependency) succeeds
 // within two seconds, and otherwise a 503 naming the dependency that is
-// down, so that whoever reads it knows where to look; the cause is logged.
-func readyz(ping func(context.Context) error) HandlerFunc {
+// down, so that whoever reads it knows where to look. The cause is logged
+// at warn level at most once a minute, with the number of failed probes:
+// an orchestrator probes every few seconds, and while the database is down
+// each probe fails alike.
+func readyz(log *slog.Logger, ping func(context.Context) error) HandlerFunc {
+	var paced alarm.Alarm
 	return func(w http.ResponseWriter, r *http.Request) error {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := ping(ctx); err != nil {
+			if n, ok := paced.Ring(time.Now(), time.Minute); ok {
+				log.LogAttrs(r.Context(), slog.LevelWarn, "not ready: the database is not reachable",
+					slog.Int("failed_probes", n), slog.String("error", err.Error()))
+			}
 			p := Unavailable("database: not reachable", fmt.Errorf("ping database: %w", err))
 			p.Dependencies = map[string]string{"database": "down"}
+			p.Logged = true
 			return p
 		}
 		return WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
@@ -189,6 +207,13 @@ func LogRequests(log *slog.Logger) func(http.Handler) http.Handler {
 			}
 			if sw.status >= 500 {
 				level = slog.LevelError
+				var p *Problem
+				switch {
+				case errors.As(rl.err, &p) && p.Logged:
+					level = slog.LevelDebug
+				case errors.As(rl.err, &p) && p.Expected:
+					level = slog.LevelWarn
+				}
 				if rl.err != nil {
 					attrs = append(attrs, slog.String("error", describe(rl.err)))
 				}

@@ -52,13 +52,14 @@ func NewServer(h http.Handler) *http.Server {
 }
 
 // ListenAndServe listens on addr and serves h until ctx ends (see Serve),
-// with at most maxConns connections open at once (see LimitListener).
+// with at most maxConns connections open at once (see LimitConns).
 func ListenAndServe(ctx context.Context, log *slog.Logger, addr string, maxConns int, h http.Handler) error {
 	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	return Serve(ctx, log, NewServer(h), LimitListener(ln, maxConns), ShutdownGrace)
+	srv := NewServer(h)
+	return Serve(ctx, log, srv, LimitConns(srv, ln, maxConns), ShutdownGrace)
 }
 
 // Serve runs srv on ln until ctx ends, then shuts down gracefully: the

@@ -49,8 +49,13 @@ type Binary struct {
 	// subcommand asks. The container image has no shell and no curl, so
 	// the binary checks itself.
 	HealthAddr string
+	// AdminMaxConns, when positive, gives the admin listener's database
+	// work (an operator's routes, the scrapes' reads, readiness) a pool of
+	// its own of this size, so that it can never take the connections the
+	// binary's own work needs. Without it, Pools.Admin is Pools.Main.
+	AdminMaxConns int32
 	// Start builds the parts that run until the context ends.
-	Start func(log *slog.Logger, pool *pgxpool.Pool) []Part
+	Start func(log *slog.Logger, pools Pools) []Part
 	// Commands are the binary's own subcommands, by name: each runs once on
 	// the database, with the arguments after its name, and returns.
 	Commands map[string]Command
@@ -66,6 +71,12 @@ type Login struct {
 
 // Command is a subcommand: it gets the pool and its own arguments.
 type Command func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error
+
+// Pools are the binary's connection pools to its database.
+type Pools struct {
+	Main  *pgxpool.Pool // the binary's own work
+	Admin *pgxpool.Pool // the admin listener's (Binary.AdminMaxConns)
+}
 
 // Part is one thing a process runs until its context ends. Run must return
 // soon after ctx ends; a part that returns earlier stops the process.
@@ -125,6 +136,15 @@ func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error 
 	if ok {
 		return command(ctx, pool, args[1:], stdout)
 	}
+	pools := Pools{Main: pool, Admin: pool}
+	if b.AdminMaxConns > 0 {
+		admin, err := database.Open(ctx, b.DatabaseURL, database.Limits{MaxConns: b.AdminMaxConns, StatementTimeout: b.DatabaseTimeout})
+		if err != nil {
+			return err
+		}
+		defer admin.Close()
+		pools.Admin = admin
+	}
 	// Tracing (off unless OTEL_EXPORTER_OTLP_* asks for it) serves the
 	// running process only; subcommands are not traced.
 	// From the process's environment, not Run's getenv: the OpenTelemetry
@@ -143,7 +163,7 @@ func (b Binary) Run(ctx context.Context, args []string, stdout io.Writer) error 
 			log.Warn("tracing: spans lost at shutdown", slog.String("error", err.Error()))
 		}
 	}()
-	return RunParts(ctx, b.Start(log, pool))
+	return RunParts(ctx, b.Start(log, pools))
 }
 
 // migrate logs in as the administrator and applies the migrations. It

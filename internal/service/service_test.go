@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/testkit/pgtest"
@@ -22,12 +21,16 @@ var errDone = errors.New("done")
 func TestBinaryBoundsItsDatabase(t *testing.T) {
 	t.Parallel()
 	settings := map[string]string{}
-	var maxConns int32
+	var maxConns, adminMaxConns int32
+	var samePool bool
 	err := Binary{
-		Name: "test", DatabaseURL: pgtest.EmptyURL(t), MaxConns: 3, DatabaseTimeout: 1500 * time.Millisecond, LogLevel: "error",
-		Start: func(_ *slog.Logger, pool *pgxpool.Pool) []Part {
+		Name: "test", DatabaseURL: pgtest.EmptyURL(t), MaxConns: 3, AdminMaxConns: 2, DatabaseTimeout: 1500 * time.Millisecond, LogLevel: "error",
+		Start: func(_ *slog.Logger, pools Pools) []Part {
+			pool := pools.Main
 			return []Part{{Name: "inspect", Run: func(ctx context.Context) error {
 				maxConns = pool.Config().MaxConns
+				adminMaxConns = pools.Admin.Config().MaxConns
+				samePool = pools.Admin == pools.Main
 				for _, name := range []string{"statement_timeout", "idle_in_transaction_session_timeout", "tcp_user_timeout"} {
 					var v string
 					if err := pool.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v); err != nil {
@@ -41,6 +44,8 @@ func TestBinaryBoundsItsDatabase(t *testing.T) {
 	}.Run(context.Background(), nil, &bytes.Buffer{})
 	require.ErrorIs(t, err, errDone)
 	require.EqualValues(t, 3, maxConns)
+	require.EqualValues(t, 2, adminMaxConns, "the admin listener's pool has its own size")
+	require.False(t, samePool, "admin work must not draw on the binary's own pool")
 	require.Equal(t, map[string]string{
 		"statement_timeout":                   "1500ms",
 		"idle_in_transaction_session_timeout": "10s",

@@ -12,12 +12,9 @@ import (
 	"io"
 	"log/slog"
 	"mime"
-	"net"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -83,24 +80,14 @@ func (a *API) Routes(r chi.Router) {
 // 127.0.0.1 (DNS rebinding: the browser would then call it same-origin),
 // and not by a cross-site request the browser sends without asking.
 func (a *API) sameSite(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host := r.Host
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			host = h
-		}
-		host = strings.ToLower(strings.Trim(host, "[]"))
-		ip := net.ParseIP(host)
-		if host != "localhost" && (ip == nil || !ip.IsLoopback()) && !slices.Contains(a.cfg.AllowedHosts, host) {
-			httpapi.Render(w, r, httpapi.NewProblem(httpapi.TypeForbidden,
-				"the lab does not answer to the host name "+strconv.Quote(host)+"; add it to LAB_ALLOWED_HOSTS"))
-			return
-		}
+	hosts := httpapi.AllowHosts("LAB_ALLOWED_HOSTS", a.cfg.AllowedHosts)
+	return hosts(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Header.Get("Sec-Fetch-Site") == "cross-site" {
 			httpapi.Render(w, r, httpapi.NewProblem(httpapi.TypeForbidden, "the lab takes changes from its own page only"))
 			return
 		}
 		next.ServeHTTP(w, r)
-	})
+	}))
 }
 
 // The page loads nothing from elsewhere and may not be framed; its script
@@ -392,6 +379,9 @@ func (a *API) sender(ctx context.Context, method, path string, body []byte) (*ht
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if a.cfg.SenderAdminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+string(a.cfg.SenderAdminToken))
 	}
 	resp, err := a.client.Do(req) //nolint:gosec // G704: as above
 	if err != nil {

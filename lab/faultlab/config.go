@@ -1,10 +1,8 @@
 package faultlab
 
 import (
-	"net"
-	"strings"
-
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/envconfig"
 )
 
@@ -21,6 +19,10 @@ type Config struct {
 	UsersAdminURL   string // LAB_USERS_ADMIN_URL: Users' /readyz
 	SenderAdminURL  string // LAB_SENDER_ADMIN_URL: the sender's /readyz and dead-letter API
 	SenderCaller    string // LAB_SENDER_CALLER: the sender's caller name in Users' USERS_API_TOKENS
+	// SenderAdminToken is the lab's operator token for the sender's outbox
+	// routes, listed in the sender's SENDER_ADMIN_TOKENS: the page's
+	// redrive button uses it. Without it, redrives are refused (401).
+	SenderAdminToken auth.Secret // LAB_SENDER_ADMIN_TOKEN or LAB_SENDER_ADMIN_TOKEN_FILE
 
 	// AllowedHosts are the host names the page answers to, beside the
 	// loopback ones (LAB_ALLOWED_HOSTS, comma-separated): a Host header
@@ -57,28 +59,16 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		UsersAdminURL:   e.URL("LAB_USERS_ADMIN_URL", "http://localhost:8091", "http", "https"),
 		SenderAdminURL:  e.URL("LAB_SENDER_ADMIN_URL", "http://localhost:8082", "http", "https"),
 		SenderCaller:    e.String("LAB_SENDER_CALLER", "outbox-sender"),
-		AllowedHosts:    hostList(e, "LAB_ALLOWED_HOSTS"),
+		AllowedHosts:    e.Hosts("LAB_ALLOWED_HOSTS"),
 
 		StudentDatabaseURL: studentDB,
 		UsersDatabaseURL:   usersDB,
 		LogLevel:           e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 	}
-	return c, e, e.Err()
-}
-
-// hostList reads a comma-separated list of host names, without ports.
-func hostList(e *envconfig.Reader, name string) []string {
-	v := e.String(name, "")
-	var hosts []string
-	for h := range strings.SplitSeq(v, ",") {
-		h = strings.ToLower(strings.TrimSpace(h))
-		switch {
-		case h == "":
-		case strings.ContainsAny(h, "/:@ ") && net.ParseIP(h) == nil:
-			e.Check(false, "%s=%q: %q is not a host name; list names without scheme or port, such as lab.example.internal", name, v, h)
-		default:
-			hosts = append(hosts, h)
-		}
+	if tok := e.Secret("LAB_SENDER_ADMIN_TOKEN"); tok != "" {
+		err := auth.CheckToken(tok)
+		e.Check(err == nil, "LAB_SENDER_ADMIN_TOKEN: %w", err)
+		c.SenderAdminToken = auth.Secret(tok)
 	}
-	return hosts
+	return c, e, e.Err()
 }

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
@@ -273,7 +274,8 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 	admin := chi.NewRouter()
 	admin.Get("/readyz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	senderPool := pgtest.Connect(t, pgtest.RoleURL(t, studentDB, migrations.OutboxSender))
-	deadletter.Routes(admin, deadletter.New(senderPool, "lab-test", 3*time.Second))
+	deadletter.Routes(admin, deadletter.New(senderPool, "lab-test", 3*time.Second),
+		auth.NewTokens([]auth.Credential{{Caller: "lab", Token: "lab-operator-token-0123456789"}}))
 	senderAdmin := httptest.NewServer(admin)
 	t.Cleanup(senderAdmin.Close)
 
@@ -281,7 +283,8 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 		"LAB_STUDENT_DATABASE_URL", pgtest.RoleURL(t, studentDB, migrations.LabReader),
 		"LAB_USERS_DATABASE_URL", pgtest.RoleURL(t, usersDB, migrations.LabReader),
 		"LAB_STUDENT_URL", "http://"+studentAddr, "LAB_STUDENT_ADMIN_URL", "http://"+studentAdmin,
-		"LAB_SENDER_ADMIN_URL", senderAdmin.URL, "LAB_USERS_ADMIN_URL", "http://"+apitest.FreeAddr(t))
+		"LAB_SENDER_ADMIN_URL", senderAdmin.URL, "LAB_USERS_ADMIN_URL", "http://"+apitest.FreeAddr(t),
+		"LAB_SENDER_ADMIN_TOKEN", "lab-operator-token-0123456789")
 
 	res := post(t, page+"/api/students", `{"count":3}`)
 	require.Equal(t, http.StatusOK, res.Status, "%s", res.Body)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/outbox"
 )
@@ -28,17 +29,28 @@ const (
 // redriveModeDetail says what a redrive's mode may be.
 const redriveModeDetail = "want retry (same idempotency key) or new-operation (a new key)"
 
-// Routes adds the operator's outbox routes to the admin router:
+// Realm is the WWW-Authenticate challenge of the operator's routes.
+const Realm = `Bearer realm="outbox-sender-admin"`
+
+// Routes adds the operator's outbox routes to the admin router, for the
+// callers a names only (SENDER_ADMIN_TOKENS); a redrive is recorded as the
+// caller's:
 //
 //	GET  /outbox?state=dead     rows, newest first, paged and filtered
 //	GET  /outbox/{id}           one row, its student, keys and history
 //	POST /outbox/{id}/redrive   {"mode":"retry"} or {"mode":"new-operation"}
 //	POST /outbox/redrive        the same for every dead row a filter matches
-func Routes(r chi.Router, o *Operator) {
-	r.Get("/outbox", httpapi.Handle(o.listHandler))
-	r.Get("/outbox/{id}", httpapi.Handle(o.getHandler))
-	r.Post("/outbox/{id}/redrive", httpapi.Handle(o.redriveHandler))
-	r.Post("/outbox/redrive", httpapi.Handle(o.bulkHandler))
+//
+// They show students' names and Users' errors and change rows: unlike
+// /metrics and the health checks, no caller may use them unnamed.
+func Routes(r chi.Router, o *Operator, a auth.Authenticator) {
+	r.Group(func(r chi.Router) {
+		r.Use(httpapi.Authenticate(a, Realm))
+		r.Get("/outbox", httpapi.Handle(o.listHandler))
+		r.Get("/outbox/{id}", httpapi.Handle(o.getHandler))
+		r.Post("/outbox/{id}/redrive", httpapi.Handle(o.redriveHandler))
+		r.Post("/outbox/redrive", httpapi.Handle(o.bulkHandler))
+	})
 }
 
 // RowPage is one page of GET /outbox.
@@ -161,6 +173,13 @@ func answer(err error, id int64) error {
 	case errors.Is(err, ErrNewKeyUnsafe):
 		return httpapi.NewProblem(httpapi.TypeNewKeyUnsafe,
 			fmt.Sprintf("outbox row %d: %v; redrive with retry, or check Users for the row's keys and send \"force\": true", id, err))
+	case errors.Is(err, ErrRedriveLimit):
+		return httpapi.NewProblem(httpapi.TypeRedriveLimit,
+			fmt.Sprintf("outbox row %d stays dead: %v; read its history for the cause", id, err))
+	case errors.Is(err, ErrRowBusy):
+		p := httpapi.NewProblem(httpapi.TypeOutboxRowBusy, fmt.Sprintf("outbox row %d is locked by another transaction; nothing changed", id))
+		p.RetryAfter = time.Second
+		return p
 	}
 	return err
 }

@@ -55,7 +55,7 @@ func TestAdminRefusesNonCanonicalIDs(t *testing.T) {
 func TestAdminProblemTypesResolve(t *testing.T) {
 	t.Parallel()
 	admin := adminAPI(t, pgtest.Pool(t, migrations.Student))
-	for _, typ := range []string{httpapi.TypeOutboxRowNotDead, httpapi.TypeNewKeyUnsafe, httpapi.TypeUnsupportedMediaType, httpapi.TypeValidation, httpapi.TypeNotFound} {
+	for _, typ := range []string{httpapi.TypeOutboxRowNotDead, httpapi.TypeNewKeyUnsafe, httpapi.TypeRedriveLimit, httpapi.TypeOutboxRowBusy, httpapi.TypeUnsupportedMediaType, httpapi.TypeValidation, httpapi.TypeNotFound} {
 		res := apitest.Do(t, http.MethodGet, admin+typ, "")
 		require.Equal(t, http.StatusOK, res.Status, typ)
 		require.Equal(t, "text/html; charset=utf-8", res.Header.Get("Content-Type"), typ)

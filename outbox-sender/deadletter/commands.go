@@ -35,9 +35,10 @@ Times are RFC 3339 (2026-12-03T08:00:00Z); reason classes: ` + "%s"
 // Command runs "outbox-sender dead ...", on the database directly, each
 // call's work bounded by timeout (SENDER_DATABASE_TIMEOUT). Redrives are
 // recorded as the person at this host's command line.
-func Command(timeout time.Duration) service.Command {
+func Command(timeout time.Duration, maxRedrives int) service.Command {
 	return func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error {
 		o := New(pool, cliActor(), timeout)
+		o.MaxRedrives = maxRedrives
 		usage := fmt.Errorf(deadUsage, strings.Join(outbox.ReasonClasses, ", "))
 		if len(args) == 0 {
 			return usage

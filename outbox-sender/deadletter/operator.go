@@ -8,11 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/outbox-sender/internal/store"
 )
@@ -27,19 +30,59 @@ var (
 	// a second one. Only Users' refusals are safe to ask anew, unless the
 	// operator has checked Users and forces it.
 	ErrNewKeyUnsafe = errors.New("a new key is safe only after Users refused the old one (refused, invalid-request, key-reused)")
+	// ErrRedriveLimit: the row has been redriven MaxRedrives times and
+	// stays dead.
+	ErrRedriveLimit = errors.New("outbox row has reached its redrive limit")
+	// ErrRowBusy: another transaction holds the row's lock; the redrive
+	// left it alone rather than wait.
+	ErrRowBusy = errors.New("outbox row is locked by another transaction")
 )
+
+// DefaultMaxRedrives is how many times one row may be redriven
+// (SENDER_MAX_REDRIVES). A row that has died ten times has a cause no
+// further redrive fixes, and each new-operation redrive leaves one more
+// key in Users' inbox and in the row's previous_keys: the limit bounds both.
+const DefaultMaxRedrives = 10
 
 // Operator reads and redrives outbox rows.
 type Operator struct {
-	store *store.Store
-	actor string // recorded on each redrive: who did it
+	// MaxRedrives is how many times one row may be redriven; a row at the
+	// limit stays dead (ErrRedriveLimit).
+	MaxRedrives int
+
+	store    *store.Store
+	actor    string // recorded on each redrive when the context names no caller
+	redrives *prometheus.CounterVec
 }
 
 // New returns an Operator on pool, Student's database as the sender's
-// role. actor names who redrives, in the rows' histories; timeout bounds
-// each call's database work (SENDER_DATABASE_TIMEOUT).
+// role. actor names who redrives, in the rows' histories, unless the
+// request's context names its authenticated caller (auth.CallerFrom), who
+// is named instead; timeout bounds each call's database work
+// (SENDER_DATABASE_TIMEOUT).
 func New(pool *pgxpool.Pool, actor string, timeout time.Duration) *Operator {
-	return &Operator{store: store.New(pool, timeout), actor: actor}
+	redrives := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outbox_redrives_total",
+		Help: "Outbox rows redriven through this process, by mode (retry or new-operation).",
+	}, []string{"mode"})
+	for _, mode := range []string{outbox.RedriveRetry, outbox.RedriveNewOperation} {
+		redrives.WithLabelValues(mode)
+	}
+	return &Operator{store: store.New(pool, timeout), actor: actor, MaxRedrives: DefaultMaxRedrives, redrives: redrives}
+}
+
+// Collectors are the Operator's metrics, for the admin listener's registry.
+func (o *Operator) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{o.redrives}
+}
+
+// actorOf is who a redrive is recorded as: the request's authenticated
+// caller, or else the Operator's actor.
+func (o *Operator) actorOf(ctx context.Context) string {
+	if caller, ok := auth.CallerFrom(ctx); ok {
+		return caller
+	}
+	return o.actor
 }
 
 // Row is an outbox row as an operator sees it.
@@ -181,8 +224,13 @@ func (o *Operator) Redrive(ctx context.Context, id int64, mode string, force boo
 		return Redriven{}, err
 	}
 	switch {
-	case row.State == outbox.StateDead: // so the new key was refused
+	case row.State == outbox.StateDead && row.Redrives >= o.MaxRedrives:
+		return Redriven{}, fmt.Errorf("%w: redriven %d times, and SENDER_MAX_REDRIVES is %d", ErrRedriveLimit, row.Redrives, o.MaxRedrives)
+	case row.State == outbox.StateDead && mode == outbox.RedriveNewOperation && !force &&
+		(row.ReasonClass == nil || !slices.Contains(outbox.NewKeySafe, *row.ReasonClass)):
 		return Redriven{}, fmt.Errorf("%w; this row is dead as %s", ErrNewKeyUnsafe, deref(row.ReasonClass))
+	case row.State == outbox.StateDead: // dead, allowed, yet skipped: locked
+		return Redriven{}, ErrRowBusy
 	case row.State == outbox.StatePending && row.RedrivenAt != nil && row.Attempts == 0:
 		last := row.History[len(row.History)-1] // the redrive: nothing was attempted since
 		return Redriven{
@@ -218,7 +266,7 @@ type Bulk struct {
 func (o *Operator) RedriveMatching(ctx context.Context, f BulkFilter) (Bulk, error) {
 	ids, err := o.store.FindDead(ctx, store.DeadFilter{
 		ReasonClass: f.ReasonClass, Since: f.DeadSince, Until: f.DeadUntil, Max: f.Max,
-		NewKey: f.Mode == outbox.RedriveNewOperation, Force: f.Force,
+		NewKey: f.Mode == outbox.RedriveNewOperation, Force: f.Force, MaxRedrives: o.MaxRedrives,
 	})
 	if err != nil {
 		return Bulk{}, err
@@ -246,10 +294,11 @@ func (o *Operator) redrive(ctx context.Context, ids []int64, mode string, force 
 	if mode != outbox.RedriveRetry && mode != outbox.RedriveNewOperation {
 		return nil, fmt.Errorf("redrive mode %q: want %s or %s", mode, outbox.RedriveRetry, outbox.RedriveNewOperation)
 	}
-	rows, err := o.store.Redrive(ctx, ids, mode, force, o.actor)
+	rows, err := o.store.Redrive(ctx, ids, mode, force, o.MaxRedrives, o.actorOf(ctx))
 	if err != nil {
 		return nil, err
 	}
+	o.redrives.WithLabelValues(mode).Add(float64(len(rows)))
 	done := make([]Redriven, len(rows))
 	for i, r := range rows {
 		done[i] = Redriven{ID: r.ID, Mode: mode, Changed: true, IdempotencyKey: r.IdempotencyKey,

@@ -12,18 +12,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
-// adminAPI serves the admin routes on pool, as the sender's admin port does.
+// operatorToken is the token of the operator "test-admin" in these tests.
+const operatorToken = "operator-token-0123456789abcdef"
+
+// operators lists the one operator of these tests.
+var operators = auth.NewTokens([]auth.Credential{{Caller: "test-admin", Token: operatorToken}})
+
+// adminAPI serves the admin routes on pool, as the sender's admin port
+// does, to requests sent as the operator "test-admin".
 func adminAPI(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
 	r := httpapi.NewRouter(slog.New(slog.DiscardHandler), pool.Ping)
-	Routes(r, operator(t, pool, "test-admin"))
-	ts := httptest.NewServer(r)
+	Routes(r, operator(t, pool, "unnamed"), operators)
+	ts := httptest.NewServer(apitest.WithToken(r, operatorToken))
 	t.Cleanup(ts.Close)
 	return ts.URL
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/envconfig"
+	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 )
 
 // Config is the sender's configuration; docs/configuration.md lists each
@@ -43,6 +44,18 @@ type Config struct {
 
 	// AdminMaxConns caps the admin port's open connections.
 	AdminMaxConns int // SENDER_ADMIN_MAX_CONNS
+	// AdminAllowedHosts are the host names, besides loopback, the admin
+	// port answers to (httpapi.AllowHosts).
+	AdminAllowedHosts []string // SENDER_ADMIN_ALLOWED_HOSTS
+	// Operators may use the outbox routes of the admin port, each with
+	// its bearer token; a redrive is recorded as its operator's. With none,
+	// those routes refuse everyone: /metrics and the health checks stay.
+	Operators []auth.Credential // SENDER_ADMIN_TOKENS or SENDER_ADMIN_TOKENS_FILE
+	// AdminDBMaxConns is the size of the admin port's own pool on
+	// Student's database, apart from delivery's.
+	AdminDBMaxConns int // SENDER_ADMIN_DB_MAX_CONNS
+	// MaxRedrives is how many times one row may be redriven.
+	MaxRedrives int // SENDER_MAX_REDRIVES
 
 	// DBMaxConns is the size of the pool on Student's database. The
 	// listener for notifications holds one more connection, outside it.
@@ -81,7 +94,11 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	c := Config{
 		DatabaseURL: dbURL,
 		UsersURL:    e.URL("SENDER_USERS_URL", "http://localhost:8081", "http", "https"),
-		AdminAddr:   e.String("SENDER_ADMIN_ADDR", ":8082"),
+		// Loopback: the outbox routes show students' names and Users'
+		// errors. A deployment that opens it names the host its scraper and
+		// operators use in SENDER_ADMIN_ALLOWED_HOSTS.
+		AdminAddr:         e.String("SENDER_ADMIN_ADDR", "127.0.0.1:8082"),
+		AdminAllowedHosts: e.Hosts("SENDER_ADMIN_ALLOWED_HOSTS"),
 		ID: e.Computed("SENDER_ID", "hostname-pid", func() string {
 			host, _ := os.Hostname()
 			return fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -114,9 +131,13 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		AdminMaxConns: e.Int("SENDER_ADMIN_MAX_CONNS", 64, 1, 1_000_000),
 
 		// The claimer and each of the four recorders hold one connection
-		// at a time; the rest is for the purge, readiness, metrics and the admin
-		// routes, so an operator's queries never starve delivery.
+		// at a time; the rest is for the purge and the outbox's metrics.
 		DBMaxConns: e.Int("SENDER_DB_MAX_CONNS", 8, 2, 1000),
+		// The operator's routes and readiness get a pool of their own, so
+		// that however many requests an operator's script sends, they
+		// queue for these connections and never for delivery's.
+		AdminDBMaxConns: e.Int("SENDER_ADMIN_DB_MAX_CONNS", 2, 1, 100),
+		MaxRedrives:     e.Int("SENDER_MAX_REDRIVES", deadletter.DefaultMaxRedrives, 1, 1000),
 
 		Source: e.OneOf("SENDER_SOURCE", SourcePoll, SourcePoll, SourceCDC),
 		// A replication slot name: lower-case letters, digits and
@@ -138,6 +159,14 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		err := auth.CheckToken(tok)
 		e.Check(err == nil, "SENDER_USERS_TOKEN: %w", err)
 		c.UsersToken = auth.Secret(tok)
+	}
+	// Tokens come inline or from a file; errors name operators, never
+	// tokens.
+	if tokens := e.Secret("SENDER_ADMIN_TOKENS"); tokens != "" {
+		operators, err := auth.ParseTokens(tokens)
+		e.Check(err == nil, "SENDER_ADMIN_TOKENS: %w", err)
+		e.Check(err != nil || len(operators) > 0, "SENDER_ADMIN_TOKENS: lists no operator; list each as name:token")
+		c.Operators = operators
 	}
 	e.Check(c.BackoffMin <= c.BackoffMax, "SENDER_BACKOFF_MIN=%s must not exceed SENDER_BACKOFF_MAX=%s", c.BackoffMin, c.BackoffMax)
 	// A claimed row waits for a free worker at most one batch's worth of

@@ -25,10 +25,11 @@ import (
 // These tests follow dead letters through the running relay: how a row
 // dies, what the operator sees of it, and what a redrive does next.
 
-// adminAPI serves the relay's admin port, as Run does.
+// adminAPI serves the relay's admin port, as Run does, to requests sent
+// as the operator "test-admin".
 func adminAPI(t *testing.T, pool *pgxpool.Pool, r *Relay) string {
 	t.Helper()
-	ts := httptest.NewServer(adminRouter(quiet, asSender(t, pool), r))
+	ts := httptest.NewServer(apitest.WithToken(adminRouter(quiet, asSender(t, pool), r), adminToken))
 	t.Cleanup(ts.Close)
 	return ts.URL
 }
@@ -156,6 +157,7 @@ func TestHistoryIsBounded(t *testing.T) {
 
 	// Redrives start the attempts again; the history stays bounded all the same.
 	o := operator(t, pool)
+	o.MaxRedrives = store.HistoryKeep + 5
 	var id int64
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&id))
 	for range store.HistoryKeep + 5 {

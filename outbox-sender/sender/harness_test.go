@@ -20,8 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/outbox-sender/cdc"
+	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -35,6 +37,10 @@ var quiet = slog.New(slog.DiscardHandler)
 // no other.
 const testToken = "sender-token-0123456789abcdef"
 
+// adminToken is the operator "test-admin"'s token for the admin port's
+// outbox routes.
+const adminToken = "operator-token-0123456789abcdef"
+
 func testConfig(usersURL string) Config {
 	return Config{
 		UsersURL: usersURL, UsersToken: testToken, ID: "test-sender",
@@ -42,6 +48,8 @@ func testConfig(usersURL string) Config {
 		Lease: 10 * time.Second, RequestTimeout: 300 * time.Millisecond,
 		MaxAttempts: 10, BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 		MaxAge: time.Hour, DatabaseTimeout: 3 * time.Second,
+		Operators:   []auth.Credential{{Caller: "test-admin", Token: adminToken}},
+		MaxRedrives: deadletter.DefaultMaxRedrives,
 	}
 }
 
@@ -175,7 +183,9 @@ func (r *Relay) histogram(t *testing.T, name string) (count uint64, sum float64)
 func scrape(t *testing.T, admin http.Handler) (int, string) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	admin.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.Host = "localhost" // the admin port answers loopback names only
+	admin.ServeHTTP(rec, req)
 	return rec.Code, rec.Body.String()
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/service"
@@ -48,9 +49,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	return service.Binary{
 		Name: "outbox-sender", DatabaseURL: cfg.DatabaseURL, LogLevel: cfg.LogLevel, HealthAddr: cfg.AdminAddr,
 		DatabaseTimeout: cfg.DatabaseTimeout,
-		MaxConns:        int32(cfg.DBMaxConns), //nolint:gosec // at most 1000 (config.go)
-		Commands:        map[string]service.Command{"dead": deadletter.Command(cfg.DatabaseTimeout)},
-		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
+		MaxConns:        int32(cfg.DBMaxConns),      //nolint:gosec // at most 1000 (config.go)
+		AdminMaxConns:   int32(cfg.AdminDBMaxConns), //nolint:gosec // at most 100 (config.go)
+		Commands:        map[string]service.Command{"dead": deadletter.Command(cfg.DatabaseTimeout, cfg.MaxRedrives)},
+		Start: func(log *slog.Logger, pools service.Pools) []service.Part {
+			pool := pools.Main
 			log = log.With(slog.String("sender_id", cfg.ID))
 			r := New(log, pool, cfg)
 			// Durations as Go writes them ("30s"): slog's JSON would print
@@ -58,7 +61,11 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			log.Info("sender starting", slog.String("sender_source", cfg.Source), slog.String("database", database.Where(cfg.DatabaseURL)),
 				slog.String("users_url", usershttp.Redacted(cfg.UsersURL)),
 				slog.Int("batch_size", cfg.BatchSize), slog.Int("concurrency", cfg.Concurrency),
-				slog.String("lease", cfg.Lease.String()), slog.String("poll_interval", cfg.PollInterval.String()))
+				slog.String("lease", cfg.Lease.String()), slog.String("poll_interval", cfg.PollInterval.String()),
+				slog.Int("admin_operators", len(cfg.Operators)))
+			if len(cfg.Operators) == 0 {
+				log.Info("the admin port's outbox routes refuse every request: SENDER_ADMIN_TOKENS lists no operator")
+			}
 			if main, cdc := database.Where(cfg.DatabaseURL), database.Where(cfg.CDCDatabaseURL); cfg.Source == SourceCDC && main != cdc {
 				// Both must be Student's database; a default left in place
 				// when only one was moved points the stream elsewhere.
@@ -70,20 +77,24 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				{Name: "outbox purge", Run: r.PurgeLoop},
 				// Without its admin port the sender is unobservable: if the
 				// server fails, the whole process stops.
-				service.Server(log, "admin", "SENDER_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, adminRouter(log, pool, r)),
+				service.Server(log, "admin", "SENDER_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, adminRouter(log, pools.Admin, r)),
 			}
 		},
 	}.Run(ctx, args, stdout)
 }
 
 // adminRouter is the admin listener's router: /healthz, /readyz, /metrics
-// and the operator's outbox routes.
+// and the operator's outbox routes. pool is the admin port's own (Config
+// AdminDBMaxConns): readiness and the operator's routes wait for its
+// connections, never for delivery's.
 func adminRouter(log *slog.Logger, pool *pgxpool.Pool, r *Relay) chi.Router {
-	admin := httpapi.NewRouter(log, pool.Ping)
+	admin := httpapi.NewAdminRouter(log, pool.Ping, "SENDER_ADMIN_ALLOWED_HOSTS", r.cfg.AdminAllowedHosts)
+	op := deadletter.New(pool, "admin-api@"+r.cfg.ID, r.cfg.DatabaseTimeout)
+	op.MaxRedrives = r.cfg.MaxRedrives
 	// A scrape never fails whole: the outbox's figures leave themselves
 	// out while the database is down, and MetricsRoute covers any other
 	// collector that fails.
-	httpapi.MetricsRoute(admin, log, httpapi.NewRegistry(r.Collectors()...))
-	deadletter.Routes(admin, deadletter.New(pool, "admin-api@"+r.cfg.ID, r.cfg.DatabaseTimeout))
+	httpapi.MetricsRoute(admin, log, httpapi.NewRegistry(append(r.Collectors(), op.Collectors()...)...))
+	deadletter.Routes(admin, op, auth.NewTokens(r.cfg.Operators))
 	return admin
 }

@@ -40,6 +40,19 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	require.NotContains(t, fmt.Sprintf("%v %+v %#v", cfg, cfg, cfg), testToken, "a printed Config hides the token")
 }
 
+// senderEnv is the environment of a sender on Student's database at
+// dbURL, delivering to usersURL, its admin port on admin, plus kv. It logs
+// in as its own role, its password from a variable.
+func senderEnv(t *testing.T, dbURL, usersURL, admin string, kv ...string) func(string) string {
+	t.Helper()
+	roleURL, err := url.Parse(pgtest.RoleURL(t, dbURL, migrations.OutboxSender))
+	require.NoError(t, err)
+	password, _ := roleURL.User.Password()
+	roleURL.User = url.User(migrations.OutboxSender)
+	return apitest.Env(append([]string{"SENDER_DATABASE_URL", roleURL.String(), "SENDER_DATABASE_PASSWORD", password,
+		"SENDER_USERS_URL", usersURL, "SENDER_ADMIN_ADDR", admin, "SENDER_USERS_TOKEN", testToken}, kv...)...)
+}
+
 // TestRunDeliversAndStops runs the sender as main does: admin endpoints up,
 // a row delivered, a clean stop on cancel.
 func TestRunDeliversAndStops(t *testing.T) {
@@ -49,13 +62,7 @@ func TestRunDeliversAndStops(t *testing.T) {
 	addStudents(t, pool, 3)
 	_, usersURL := newFakeUsers(t, nil)
 	admin := apitest.FreeAddr(t)
-	// The sender logs in as its own role, its password from a variable.
-	roleURL, err := url.Parse(pgtest.RoleURL(t, dbURL, migrations.OutboxSender))
-	require.NoError(t, err)
-	password, _ := roleURL.User.Password()
-	roleURL.User = url.User(migrations.OutboxSender)
-	env := apitest.Env("SENDER_DATABASE_URL", roleURL.String(), "SENDER_DATABASE_PASSWORD", password, "SENDER_USERS_URL", usersURL, "SENDER_ADMIN_ADDR", admin,
-		"SENDER_POLL_INTERVAL", "10ms", "LOG_LEVEL", "debug", "SENDER_USERS_TOKEN", testToken)
+	env := senderEnv(t, dbURL, usersURL, admin, "SENDER_POLL_INTERVAL", "10ms", "LOG_LEVEL", "debug")
 	var logs bytes.Buffer
 	stop := apitest.RunUntilReady(t, "http://"+admin+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
 	require.Eventually(t, func() bool {

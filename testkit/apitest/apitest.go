@@ -65,7 +65,7 @@ func (r Response) Problem(t testing.TB) Problem {
 }
 
 // Do sends a request with an optional JSON body and extra headers (name,
-// value pairs), bounded by ten seconds. A transport error is reported with
+// value pairs; "Host" sets the request's host name), bounded by ten seconds. A transport error is reported with
 // t.Errorf and a zero Response, never t.FailNow, so Do is safe to call from
 // the goroutines of a concurrency test.
 func Do(t testing.TB, method, url, body string, headers ...string) Response {
@@ -85,6 +85,10 @@ func Do(t testing.TB, method, url, body string, headers ...string) Response {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
+		if http.CanonicalHeaderKey(headers[i]) == "Host" { // net/http sends req.Host, not a Host header
+			req.Host = headers[i+1]
+			continue
+		}
 		if http.CanonicalHeaderKey(headers[i]) == "Content-Type" {
 			req.Header.Del("Content-Type") // the caller's replaces the default
 		}
@@ -189,4 +193,30 @@ func RunUntilReady(t testing.TB, url string, run func(ctx context.Context) error
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// WithToken serves h to requests that carry no Authorization header as if
+// they carried token: tests of routes behind a token use it to send every
+// request as one caller, while the tests of the authentication itself call
+// h directly.
+func WithToken(h http.Handler, token string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "" {
+			r.Header.Set("Authorization", "Bearer "+token)
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// RequireHostsChecked checks that the admin listener at base answers a
+// name it was not given, such as one a rebinding page points at 127.0.0.1,
+// with 403 naming variable, on each of paths, while its own name passes.
+func RequireHostsChecked(t testing.TB, base, variable string, paths ...string) {
+	t.Helper()
+	for _, path := range append([]string{"/healthz", "/readyz", "/metrics"}, paths...) {
+		res := Do(t, http.MethodGet, base+path, "", "Host", "evil.example")
+		require.Equal(t, http.StatusForbidden, res.Status, "GET %s with Host evil.example: %s", path, res.Body)
+		require.Contains(t, res.Problem(t).Detail, variable, "the refusal says where to allow a name")
+	}
+	require.Equal(t, http.StatusOK, Do(t, http.MethodGet, base+"/healthz", "").Status, "loopback passes")
 }

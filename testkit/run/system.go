@@ -36,7 +36,7 @@ type system struct {
 // ones at the next run.
 type secrets struct {
 	studentApp, usersApp, sender, cdc, lab string
-	senderToken, operatorToken             string
+	senderToken, operatorToken, labToken   string
 }
 
 // start builds the binaries, gets a database server, migrates both
@@ -221,13 +221,14 @@ func (s *system) plan(sec secrets) []step {
 			"LAB_HTTP_ADDR="+c.addr(portLabPage), "LAB_PROXY_ADDR="+c.addr(portLabProxy),
 			"LAB_USERS_URL="+c.url(portUsers), "LAB_STUDENT_URL="+c.url(portStudent),
 			"LAB_STUDENT_ADMIN_URL="+c.url(portStudentAdmin), "LAB_USERS_ADMIN_URL="+c.url(portUsersAdmin),
-			"LAB_SENDER_ADMIN_URL="+c.url(portSenderAdmin),
+			"LAB_SENDER_ADMIN_URL="+c.url(portSenderAdmin), "LAB_SENDER_ADMIN_TOKEN="+sec.labToken,
 			"LAB_STUDENT_DATABASE_URL="+s.dbURL(migrations.LabReader, "student"), "LAB_STUDENT_DATABASE_PASSWORD="+sec.lab,
 			"LAB_USERS_DATABASE_URL="+s.dbURL(migrations.LabReader, "users"), "LAB_USERS_DATABASE_PASSWORD="+sec.lab)},
 		{name: "outbox-sender", bin: "outbox-sender", ready: c.url(portSenderAdmin), env: with(
 			"SENDER_DATABASE_URL="+s.dbURL(migrations.OutboxSender, "student"), "SENDER_DATABASE_PASSWORD="+sec.sender,
 			"SENDER_USERS_URL="+c.url(portLabProxy), "SENDER_USERS_TOKEN="+sec.senderToken,
 			"SENDER_ADMIN_ADDR="+c.addr(portSenderAdmin), "SENDER_SOURCE="+c.source,
+			"SENDER_ADMIN_TOKENS=operator:"+sec.operatorToken+",lab:"+sec.labToken,
 			"SENDER_CDC_DATABASE_URL="+s.dbURL(migrations.OutboxCDC, "student"), "SENDER_CDC_DATABASE_PASSWORD="+sec.cdc)},
 	}
 }
@@ -286,13 +287,13 @@ outboxref is running (SENDER_SOURCE=%s). Ctrl-C stops everything.
 
   Student's API     %s
   Users' API        %s   (a bearer token per caller)
-  sender's admin    %s   (/outbox, /metrics)
+  sender's admin    %s   (/outbox with the operator's token, /metrics)
   fault lab's page  %s   (open it in a browser)
   fault lab's proxy %s   (the sender reaches Users through it)
   Student's admin   %s/metrics
   Users' admin      %s/metrics
   %s
-  operator's token  %s
+  operator's token  %s   (Users' API, the sender's /outbox)
   logs              %s
 
 For the curl session in the README, and the runbook:
@@ -315,6 +316,6 @@ func secretsForRun() secrets {
 	}
 	return secrets{
 		studentApp: one(), usersApp: one(), sender: one(), cdc: one(), lab: one(),
-		senderToken: one(), operatorToken: one(),
+		senderToken: one(), operatorToken: one(), labToken: one(),
 	}
 }

@@ -33,10 +33,11 @@ ORDER BY id;
 
 -- name: FindDead :many
 -- The dead rows a bulk redrive would take, oldest death first (with the
--- same rule as Redrive for a new key; @new_key_safe is outbox.NewKeySafe).
+-- same rules as Redrive for a new key and the redrive limit; @new_key_safe
+-- is outbox.NewKeySafe).
 SELECT o.id
 FROM outbox o
-WHERE o.state = 'dead'
+WHERE o.state = 'dead' AND o.redrives < @max_redrives::integer
   AND (@reason_class::text = '' OR o.reason_class = @reason_class::text)
   AND (NOT @new_key::boolean OR @force::boolean OR o.reason_class = ANY(@new_key_safe::text[]))
   AND o.dead_at >= @since::timestamptz AND o.dead_at < @until::timestamptz
@@ -50,7 +51,10 @@ LIMIT @max_rows;
 -- Rows that are no longer dead (another redrive won) are left alone, and so
 -- is a new key for a row whose old key may have created a user (the answer
 -- was lost, or never judged): only a refusal of Users' is safe to ask anew,
--- unless the operator forces it after checking Users.
+-- unless the operator forces it after checking Users. A row redriven
+-- @max_redrives times already stays dead. A row another transaction has
+-- locked is skipped, not waited for: the caller tells the operator to try
+-- again, and no admin request queues behind a lock it cannot see.
 UPDATE outbox o
 SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redrive = o.attempts_before_redrive + d.attempts,
     age_from = now(),
@@ -60,9 +64,9 @@ SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redri
     idempotency_key = CASE WHEN @new_key::boolean THEN gen_random_uuid() ELSE o.idempotency_key END
 FROM (
     SELECT id, attempts FROM outbox
-    WHERE id = ANY(@ids::bigint[]) AND state = 'dead'
+    WHERE id = ANY(@ids::bigint[]) AND state = 'dead' AND redrives < @max_redrives::integer
       AND (NOT @new_key::boolean OR @force::boolean OR reason_class = ANY(@new_key_safe::text[]))
-    FOR UPDATE
+    FOR UPDATE SKIP LOCKED
 ) d
 WHERE o.id = d.id
 RETURNING o.id, o.idempotency_key, d.attempts AS attempts_before;

@@ -16,15 +16,16 @@ import (
 const findDead = `-- name: FindDead :many
 SELECT o.id
 FROM outbox o
-WHERE o.state = 'dead'
-  AND ($1::text = '' OR o.reason_class = $1::text)
-  AND (NOT $2::boolean OR $3::boolean OR o.reason_class = ANY($4::text[]))
-  AND o.dead_at >= $5::timestamptz AND o.dead_at < $6::timestamptz
+WHERE o.state = 'dead' AND o.redrives < $1::integer
+  AND ($2::text = '' OR o.reason_class = $2::text)
+  AND (NOT $3::boolean OR $4::boolean OR o.reason_class = ANY($5::text[]))
+  AND o.dead_at >= $6::timestamptz AND o.dead_at < $7::timestamptz
 ORDER BY o.dead_at, o.id
-LIMIT $7
+LIMIT $8
 `
 
 type FindDeadParams struct {
+	MaxRedrives int32
 	ReasonClass string
 	NewKey      bool
 	Force       bool
@@ -35,9 +36,11 @@ type FindDeadParams struct {
 }
 
 // The dead rows a bulk redrive would take, oldest death first (with the
-// same rule as Redrive for a new key; @new_key_safe is outbox.NewKeySafe).
+// same rules as Redrive for a new key and the redrive limit; @new_key_safe
+// is outbox.NewKeySafe).
 func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]int64, error) {
 	rows, err := db.Query(ctx, findDead,
+		arg.MaxRedrives,
 		arg.ReasonClass,
 		arg.NewKey,
 		arg.Force,
@@ -275,19 +278,20 @@ SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redri
     idempotency_key = CASE WHEN $1::boolean THEN gen_random_uuid() ELSE o.idempotency_key END
 FROM (
     SELECT id, attempts FROM outbox
-    WHERE id = ANY($2::bigint[]) AND state = 'dead'
-      AND (NOT $1::boolean OR $3::boolean OR reason_class = ANY($4::text[]))
-    FOR UPDATE
+    WHERE id = ANY($2::bigint[]) AND state = 'dead' AND redrives < $3::integer
+      AND (NOT $1::boolean OR $4::boolean OR reason_class = ANY($5::text[]))
+    FOR UPDATE SKIP LOCKED
 ) d
 WHERE o.id = d.id
 RETURNING o.id, o.idempotency_key, d.attempts AS attempts_before
 `
 
 type RedriveParams struct {
-	NewKey     bool
-	Ids        []int64
-	Force      bool
-	NewKeySafe []string
+	NewKey      bool
+	Ids         []int64
+	MaxRedrives int32
+	Force       bool
+	NewKeySafe  []string
 }
 
 type RedriveRow struct {
@@ -302,11 +306,15 @@ type RedriveRow struct {
 // Rows that are no longer dead (another redrive won) are left alone, and so
 // is a new key for a row whose old key may have created a user (the answer
 // was lost, or never judged): only a refusal of Users' is safe to ask anew,
-// unless the operator forces it after checking Users.
+// unless the operator forces it after checking Users. A row redriven
+// @max_redrives times already stays dead. A row another transaction has
+// locked is skipped, not waited for: the caller tells the operator to try
+// again, and no admin request queues behind a lock it cannot see.
 func (q *Queries) Redrive(ctx context.Context, db DBTX, arg RedriveParams) ([]RedriveRow, error) {
 	rows, err := db.Query(ctx, redrive,
 		arg.NewKey,
 		arg.Ids,
+		arg.MaxRedrives,
 		arg.Force,
 		arg.NewKeySafe,
 	)

@@ -155,6 +155,8 @@ type DeadFilter struct {
 	// NewKey leaves out the rows whose old key may have created a user
 	// (outbox.NewKeySafe), unless Force.
 	NewKey, Force bool
+	// MaxRedrives leaves out the rows redriven that many times already.
+	MaxRedrives int
 }
 
 // FindDead returns the ids of the dead rows f matches.
@@ -163,7 +165,7 @@ func (s *Store) FindDead(ctx context.Context, f DeadFilter) ([]int64, error) {
 	defer cancel()
 	ids, err := s.q.FindDead(ctx, s.pool, outboxdb.FindDeadParams{
 		ReasonClass: f.ReasonClass, Since: f.Since, Until: orFarFuture(f.Until), MaxRows: int32(f.Max), //nolint:gosec // Max is bounded by the admin API
-		NewKey: f.NewKey, Force: f.Force, NewKeySafe: outbox.NewKeySafe,
+		NewKey: f.NewKey, Force: f.Force, NewKeySafe: outbox.NewKeySafe, MaxRedrives: int32(f.MaxRedrives), //nolint:gosec // bounded by SENDER_MAX_REDRIVES
 	})
 	if err != nil {
 		return nil, fmt.Errorf("find dead rows: %w", database.Classify(err))
@@ -181,14 +183,17 @@ type Redriven struct {
 // attempts and SENDER_MAX_AGE counted afresh, and writes a redrive event,
 // naming actor, to each one's history, in one transaction. In
 // outbox.RedriveNewOperation mode each row gets a new key, except where the
-// old key may have created a user, unless force. Then it wakes the senders.
-func (s *Store) Redrive(ctx context.Context, ids []int64, mode string, force bool, actor string) ([]Redriven, error) {
+// old key may have created a user, unless force. Rows redriven maxRedrives
+// times already, and rows another transaction has locked, are left as they
+// are. Then it wakes the senders.
+func (s *Store) Redrive(ctx context.Context, ids []int64, mode string, force bool, maxRedrives int, actor string) ([]Redriven, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
 	var done []Redriven
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := s.q.Redrive(ctx, tx, outboxdb.RedriveParams{
 			NewKey: mode == outbox.RedriveNewOperation, Force: force, Ids: ids, NewKeySafe: outbox.NewKeySafe,
+			MaxRedrives: int32(maxRedrives), //nolint:gosec // bounded by SENDER_MAX_REDRIVES
 		})
 		if err != nil {
 			return fmt.Errorf("redrive: %w", err)

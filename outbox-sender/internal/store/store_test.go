@@ -184,14 +184,14 @@ func TestNewKeySafeIsTheStoresRule(t *testing.T) {
 		FROM (SELECT id, ($1::text[])[row_number() OVER (ORDER BY id)] AS class FROM outbox) c
 		WHERE o.id = c.id`, outbox.ReasonClasses)
 	require.NoError(t, err)
-	ids, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true})
+	ids, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true, MaxRedrives: 10})
 	require.NoError(t, err)
 	require.Len(t, ids, len(outbox.NewKeySafe))
-	done, err := st.Redrive(ctx, ids, outbox.RedriveNewOperation, false, "test")
+	done, err := st.Redrive(ctx, ids, outbox.RedriveNewOperation, false, 10, "test")
 	require.NoError(t, err)
 	require.Len(t, done, len(outbox.NewKeySafe))
 	require.Equal(t, len(outbox.NewKeySafe), count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'pending' AND cardinality(previous_keys) = 1"))
-	forced, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true, Force: true})
+	forced, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true, Force: true, MaxRedrives: 10})
 	require.NoError(t, err)
 	require.Len(t, forced, len(outbox.ReasonClasses)-len(outbox.NewKeySafe))
 }

@@ -28,7 +28,7 @@ type Config struct {
 	MigrateDatabaseURL string          // STUDENT_MIGRATE_DATABASE_URL
 	Logins             []service.Login // STUDENT_DATABASE_PASSWORD, SENDER_DATABASE_PASSWORD, SENDER_CDC_DATABASE_PASSWORD, LAB_STUDENT_DATABASE_PASSWORD
 
-	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
+	// HTTPMaxConns caps the API's open connections (httpapi.LimitConns).
 	HTTPMaxConns int // STUDENT_HTTP_MAX_CONNS
 	// AdminAddr serves /metrics, /healthz and /readyz apart from the API,
 	// so that the API's port need not be open to the scraper and the
@@ -36,6 +36,10 @@ type Config struct {
 	AdminAddr string // STUDENT_ADMIN_ADDR
 	// AdminMaxConns caps the admin port's open connections.
 	AdminMaxConns int // STUDENT_ADMIN_MAX_CONNS
+	// AdminAllowedHosts are the host names, besides loopback, the admin
+	// listener answers to (httpapi.AllowHosts): those its scraper and
+	// health checks use when it listens beyond loopback.
+	AdminAllowedHosts []string // STUDENT_ADMIN_ALLOWED_HOSTS
 	// DBMaxConns is the size of the pool on Student's database.
 	DBMaxConns int // STUDENT_DB_MAX_CONNS
 }
@@ -48,14 +52,17 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	dbURL, password := e.DatabaseLogin("STUDENT_DATABASE_URL",
 		"postgres://"+migrations.StudentApp+"@localhost:5432/student?sslmode=disable", "STUDENT_DATABASE_PASSWORD")
 	c := Config{
-		HTTPAddr:        e.String("STUDENT_HTTP_ADDR", ":8080"),
-		AdminAddr:       e.String("STUDENT_ADMIN_ADDR", ":8090"),
-		DatabaseURL:     dbURL,
-		LogLevel:        e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
-		KeyWait:         e.Duration("STUDENT_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, 20*time.Second),
-		InboxRetention:  e.Duration("STUDENT_INBOX_RETENTION", 24*time.Hour, time.Minute, 10*365*24*time.Hour),
-		PurgeInterval:   e.Duration("STUDENT_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
-		DatabaseTimeout: e.Duration("STUDENT_DATABASE_TIMEOUT", 8*time.Second, 100*time.Millisecond, 10*time.Minute),
+		HTTPAddr: e.String("STUDENT_HTTP_ADDR", ":8080"),
+		// Loopback: a deployment that scrapes from elsewhere opens it
+		// and names its scraper's host in STUDENT_ADMIN_ALLOWED_HOSTS.
+		AdminAddr:         e.String("STUDENT_ADMIN_ADDR", "127.0.0.1:8090"),
+		AdminAllowedHosts: e.Hosts("STUDENT_ADMIN_ALLOWED_HOSTS"),
+		DatabaseURL:       dbURL,
+		LogLevel:          e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
+		KeyWait:           e.Duration("STUDENT_IDEMPOTENCY_WAIT", 5*time.Second, 10*time.Millisecond, 20*time.Second),
+		InboxRetention:    e.Duration("STUDENT_INBOX_RETENTION", 24*time.Hour, time.Minute, 10*365*24*time.Hour),
+		PurgeInterval:     e.Duration("STUDENT_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
+		DatabaseTimeout:   e.Duration("STUDENT_DATABASE_TIMEOUT", 8*time.Second, 100*time.Millisecond, 10*time.Minute),
 
 		// Far above what clients need at once, yet few enough that a flood
 		// of connections cannot use up the file descriptors the database

@@ -41,6 +41,8 @@ type Server struct {
 	// records each API request's duration in it.
 	registry *prometheus.Registry
 	observe  func(http.Handler) http.Handler
+	// adminHosts are the host names the admin listener answers to.
+	adminHosts []string
 }
 
 // Routes returns every route Student serves. Its API is the one open to
@@ -56,7 +58,7 @@ func (s *Server) Routes() http.Handler {
 // AdminRoutes returns the admin listener's routes: /healthz, /readyz and
 // /metrics. /metrics reads no database, so it answers while it is down.
 func (s *Server) AdminRoutes() http.Handler {
-	r := httpapi.NewRouter(s.log, s.store.Ping)
+	r := httpapi.NewAdminRouter(s.log, s.store.Ping, "STUDENT_ADMIN_ALLOWED_HOSTS", s.adminHosts)
 	httpapi.MetricsRoute(r, s.log, s.registry)
 	return r
 }

@@ -157,4 +157,5 @@ func TestMetricsOnlyOnAdmin(t *testing.T) {
 	post := apitest.Do(t, http.MethodPost, e.admin+"/metrics", "{}")
 	require.Equal(t, http.StatusMethodNotAllowed, post.Status)
 	require.Equal(t, "GET, HEAD", post.Header.Get("Allow"))
+	apitest.RequireHostsChecked(t, e.admin, "STUDENT_ADMIN_ALLOWED_HOSTS")
 }

@@ -49,7 +49,7 @@ func TestConfigDefaults(t *testing.T) {
 	cfg, _, err := LoadConfig(apitest.Env())
 	require.NoError(t, err)
 	require.Equal(t, ":8080", cfg.HTTPAddr)
-	require.Equal(t, ":8090", cfg.AdminAddr)
+	require.Equal(t, "127.0.0.1:8090", cfg.AdminAddr)
 	require.Equal(t, 64, cfg.AdminMaxConns)
 	cfg, _, err = LoadConfig(apitest.Env("STUDENT_ADMIN_ADDR", "127.0.0.1:9100", "STUDENT_ADMIN_MAX_CONNS", "8"))
 	require.NoError(t, err)

@@ -31,13 +31,17 @@ type Config struct {
 	MigrateDatabaseURL string          // USERS_MIGRATE_DATABASE_URL
 	Logins             []service.Login // USERS_DATABASE_PASSWORD, LAB_USERS_DATABASE_PASSWORD
 
-	// HTTPMaxConns caps the API's open connections (httpapi.LimitListener).
+	// HTTPMaxConns caps the API's open connections (httpapi.LimitConns).
 	HTTPMaxConns int // USERS_HTTP_MAX_CONNS
 	// AdminAddr serves /metrics, /healthz and /readyz apart from the API,
 	// which answers authenticated callers only.
 	AdminAddr string // USERS_ADMIN_ADDR
 	// AdminMaxConns caps the admin port's open connections.
 	AdminMaxConns int // USERS_ADMIN_MAX_CONNS
+	// AdminAllowedHosts are the host names, besides loopback, the admin
+	// listener answers to (httpapi.AllowHosts): those its scraper and
+	// health checks use when it listens beyond loopback.
+	AdminAllowedHosts []string // USERS_ADMIN_ALLOWED_HOSTS
 	// DBMaxConns is the size of the pool on Users' database.
 	DBMaxConns int // USERS_DB_MAX_CONNS
 }
@@ -50,12 +54,15 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	dbURL, password := e.DatabaseLogin("USERS_DATABASE_URL",
 		"postgres://"+migrations.UsersApp+"@localhost:5432/users?sslmode=disable", "USERS_DATABASE_PASSWORD")
 	c := Config{
-		HTTPAddr:       e.String("USERS_HTTP_ADDR", ":8081"),
-		AdminAddr:      e.String("USERS_ADMIN_ADDR", ":8091"),
-		DatabaseURL:    dbURL,
-		LogLevel:       e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
-		InboxRetention: e.Duration("USERS_INBOX_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
-		PurgeInterval:  e.Duration("USERS_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
+		HTTPAddr: e.String("USERS_HTTP_ADDR", ":8081"),
+		// Loopback: a deployment that scrapes from elsewhere opens it
+		// and names its scraper's host in USERS_ADMIN_ALLOWED_HOSTS.
+		AdminAddr:         e.String("USERS_ADMIN_ADDR", "127.0.0.1:8091"),
+		AdminAllowedHosts: e.Hosts("USERS_ADMIN_ALLOWED_HOSTS"),
+		DatabaseURL:       dbURL,
+		LogLevel:          e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
+		InboxRetention:    e.Duration("USERS_INBOX_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
+		PurgeInterval:     e.Duration("USERS_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
 		// The wait is shorter than the sender's SENDER_REQUEST_TIMEOUT (5s),
 		// so that the sender gets the 409 and its Retry-After instead of
 		// giving up first (the compose test checks the pair).

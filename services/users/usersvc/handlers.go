@@ -33,6 +33,8 @@ type Server struct {
 	// records each API request's duration in it.
 	registry *prometheus.Registry
 	observe  func(http.Handler) http.Handler
+	// adminHosts are the host names the admin listener answers to.
+	adminHosts []string
 }
 
 // Challenge is the WWW-Authenticate header of Users' 401 answers.
@@ -56,7 +58,7 @@ func (s *Server) Routes() http.Handler {
 // orchestrator and the scraper, not the API's callers). /metrics reads no
 // database, so it answers while it is down.
 func (s *Server) AdminRoutes() http.Handler {
-	r := httpapi.NewRouter(s.log, s.store.Ping)
+	r := httpapi.NewAdminRouter(s.log, s.store.Ping, "USERS_ADMIN_ALLOWED_HOSTS", s.adminHosts)
 	httpapi.MetricsRoute(r, s.log, s.registry)
 	return r
 }

@@ -125,4 +125,5 @@ func TestMetricsOnlyOnAdmin(t *testing.T) {
 	apitest.RequireSample(t, m, `http_request_duration_seconds_count{method="GET",route="/users/{id}",status="404"} 2`)
 	apitest.RequireSample(t, m, `http_request_duration_seconds_count{method="GET",route="unmatched",status="404"} 1`)
 	require.NotContains(t, m, `route="/metrics"`, "the admin listener's requests are not the API's")
+	apitest.RequireHostsChecked(t, admin, "USERS_ADMIN_ALLOWED_HOSTS")
 }

@@ -34,7 +34,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		MigrateDatabaseURL: cfg.MigrateDatabaseURL, Logins: cfg.Logins,
 		DatabaseTimeout: cfg.DatabaseTimeout, LogLevel: cfg.LogLevel, HealthAddr: cfg.HTTPAddr,
 		MaxConns: int32(cfg.DBMaxConns), //nolint:gosec // at most 1000 (config.go)
-		Start: func(log *slog.Logger, pool *pgxpool.Pool) []service.Part {
+		Start: func(log *slog.Logger, pools service.Pools) []service.Part {
+			pool := pools.Main
 			s := NewServer(log, pool, cfg)
 			purge := func(ctx context.Context) error {
 				s.store.Inbox.PurgeLoop(ctx, log, cfg.InboxRetention, cfg.PurgeInterval)
@@ -58,5 +59,6 @@ func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
 	return &Server{
 		log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout), auth: auth.NewTokens(cfg.Callers),
 		metrics: m, registry: reg, observe: httpapi.RequestMetrics(reg),
+		adminHosts: cfg.AdminAllowedHosts,
 	}
 }

@@ -51,7 +51,7 @@ func TestConfigDefaults(t *testing.T) {
 	cfg, _, err := LoadConfig(apitest.Env())
 	require.NoError(t, err)
 	require.Equal(t, ":8081", cfg.HTTPAddr)
-	require.Equal(t, ":8091", cfg.AdminAddr)
+	require.Equal(t, "127.0.0.1:8091", cfg.AdminAddr)
 	require.Equal(t, 64, cfg.AdminMaxConns)
 	cfg, _, err = LoadConfig(apitest.Env("USERS_ADMIN_ADDR", "127.0.0.1:9101", "USERS_ADMIN_MAX_CONNS", "8"))
 	require.NoError(t, err)
