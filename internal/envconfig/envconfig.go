@@ -84,26 +84,51 @@ func (r *Reader) URL(name, def string, schemes ...string) string {
 
 func (r *Reader) url(name, def string, schemes []string) (string, bool) {
 	v := r.String(name, def)
-	u, err := url.Parse(v)
-	if err != nil || u.Host == "" && u.Path == "" || !slices.Contains(schemes, u.Scheme) {
-		// A database URL may hold a password: never echo one.
+	if why := urlProblem(v, schemes); why != "" {
+		// A URL may hold a password: never echo one.
 		shown := "(not shown: it does not parse, and may hold a password)"
-		if err == nil {
+		if u, err := url.Parse(v); err == nil {
 			shown = strconv.Quote(u.Redacted())
 		}
-		r.errs = append(r.errs, fmt.Errorf("%s=%s: want an absolute URL with scheme %v", name, shown, schemes))
+		r.errs = append(r.errs, fmt.Errorf("%s=%s: %s", name, shown, why))
 		return v, false
 	}
 	return v, true
+}
+
+// urlProblem says what is wrong with v as an absolute URL with one of
+// schemes, naming the part at fault (never echoing the userinfo, which
+// may hold a password), or "" when nothing is.
+func urlProblem(v string, schemes []string) string {
+	u, err := url.Parse(v)
+	var ue *url.Error
+	switch {
+	case errors.As(err, &ue) && strings.HasPrefix(ue.Err.Error(), "invalid port"):
+		// This reason of net/url's names the port only; others may quote
+		// a piece of the userinfo ("invalid URL escape"), so they are not
+		// passed on.
+		return "not a URL: " + ue.Err.Error()
+	case err != nil:
+		return "not a URL: it does not parse"
+	case !slices.Contains(schemes, u.Scheme):
+		return fmt.Sprintf("want an absolute URL with scheme %v, not %q", schemes, u.Scheme)
+	case u.Host == "" && u.Path == "":
+		return "want an absolute URL, with a host"
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Sprintf("the port %q is not a number from 1 to 65535", p)
+		}
+	}
+	return ""
 }
 
 // DatabaseURL returns the variable, which must be a PostgreSQL connection
 // URL that pgx accepts. The value is never echoed: it may hold a password.
 func (r *Reader) DatabaseURL(name, def string) string {
 	v := r.String(name, def)
-	u, err := url.Parse(v)
-	if err != nil || u.Host == "" && u.Path == "" || u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		r.errs = append(r.errs, fmt.Errorf("%s: want a postgres:// URL (the value is not shown: it may hold a password)", name))
+	if why := urlProblem(v, []string{"postgres", "postgresql"}); why != "" {
+		r.errs = append(r.errs, fmt.Errorf("%s: %s (the value is not shown: it may hold a password)", name, why))
 		return v
 	}
 	if _, err := pgconn.ParseConfig(v); err != nil {

@@ -40,6 +40,8 @@ func TestDatabaseURLIsNeverEchoed(t *testing.T) {
 		"postgres://app:hunter2@db:5432/x?sslmode=%zz",
 		"postgres://app:hunter2@db:5432/x?sslmode=sometimes",
 		"://app:hunter2@",
+		"postgres://app:hunter2%zz@db:5432/x",
+		"postgres://app:hunter2@db:54x2/x",
 	} {
 		r := New(env("DB_URL", v))
 		r.DatabaseURL("DB_URL", "postgres://localhost/db")
@@ -49,6 +51,35 @@ func TestDatabaseURLIsNeverEchoed(t *testing.T) {
 	r := New(env("DB_URL", "postgres://app:hunter2@db:5432/x?sslmode=disable"))
 	require.Equal(t, "postgres://app:hunter2@db:5432/x?sslmode=disable", r.DatabaseURL("DB_URL", ""))
 	require.NoError(t, r.Err())
+}
+
+// TestURLMistakesNameTheirPart: a bad port is blamed on the port, a bad
+// scheme on the scheme, for database URLs and others alike.
+func TestURLMistakesNameTheirPart(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]string{
+		"postgres://app:hunter2@db:54x2/x":  `invalid port ":54x2"`,
+		"postgres://app:hunter2@db:99999/x": `the port "99999" is not a number from 1 to 65535`,
+		"postgres://app:hunter2@db:0/x":     `the port "0" is not a number from 1 to 65535`,
+		"mysql://app:hunter2@db:5432/x":     `not "mysql"`,
+		"postgres://app:hunter2%zz@db:1/x":  "does not parse",
+		"postgres:///x":                     "", // a path alone: the socket pgx defaults to
+	} {
+		r := New(env("DB_URL", v))
+		r.DatabaseURL("DB_URL", "postgres://localhost/db")
+		if want == "" {
+			require.NoError(t, r.Err(), v)
+			continue
+		}
+		require.ErrorContains(t, r.Err(), want, v)
+		if want != `not "mysql"` {
+			require.NotContains(t, r.Err().Error(), "scheme", v)
+		}
+	}
+	r := New(env("USERS_URL", "http://users:80x1"))
+	r.URL("USERS_URL", "http://localhost:8081", "http", "https")
+	require.ErrorContains(t, r.Err(), `invalid port ":80x1"`)
+	require.NotContains(t, r.Err().Error(), "scheme")
 }
 
 func TestDefaultsAreRecorded(t *testing.T) {

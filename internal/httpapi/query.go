@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
@@ -84,4 +85,16 @@ func PathUUID(r *http.Request, name string) (uuid.UUID, error) {
 		return uuid.Nil, Field(name, "must be a UUID in canonical form: 32 lowercase hex digits as 8-4-4-4-12, such as 01a237d2-c993-7626-8986-e2c90b9557fa")
 	}
 	return u, nil
+}
+
+// ParseCount reads a positive whole number in its canonical form only:
+// decimal digits, without sign, leading zeros or spaces, as the API writes
+// it. strconv alone would also take "+5" and "05", giving one page or row
+// several URLs; "" is not a number either.
+func ParseCount(s string) (int64, bool) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 1 || strconv.FormatInt(n, 10) != s {
+		return 0, false
+	}
+	return n, true
 }

@@ -171,11 +171,21 @@ func TestUnknownRouteAndMethodAreProblems(t *testing.T) {
 	r.Get("/x", Handle(func(w http.ResponseWriter, _ *http.Request) error {
 		return WriteJSON(w, http.StatusOK, map[string]string{"x": "y"})
 	}))
+	// A static route beside a pattern it also matches, as the sender's
+	// POST /outbox/redrive beside GET /outbox/{id}: its Allow is its own.
+	noop := Handle(func(http.ResponseWriter, *http.Request) error { return nil })
+	r.Get("/outbox/{id}", noop)
+	r.Post("/outbox/{id}/redrive", noop)
+	r.Post("/outbox/redrive", noop)
 	for _, tt := range []struct {
 		method, path string
 		status       int
 		allow        string
-	}{{http.MethodGet, "/nowhere", 404, ""}, {http.MethodDelete, "/x", 405, "GET, HEAD, POST"}, {http.MethodPost, "/healthz", 405, "GET, HEAD"}} {
+	}{
+		{http.MethodGet, "/nowhere", 404, ""}, {http.MethodDelete, "/x", 405, "GET, HEAD, POST"}, {http.MethodPost, "/healthz", 405, "GET, HEAD"},
+		{http.MethodPut, "/outbox/redrive", 405, "POST"}, {http.MethodPut, "/outbox/7", 405, "GET, HEAD"},
+		{http.MethodGet, "/outbox/7/redrive", 405, "POST"},
+	} {
 		w := httptest.NewRecorder()
 		r.ServeHTTP(w, httptest.NewRequest(tt.method, tt.path, nil))
 		require.Equal(t, tt.status, w.Code)

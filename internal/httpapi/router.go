@@ -69,10 +69,26 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 // the methods routes has for the path.
 func methodNotAllowed(routes chi.Routes) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// A path that is a route of its own (POST /outbox/redrive) allows
+		// that route's methods only, though other methods of it would
+		// match a pattern (GET /outbox/{id}): the resource is the static
+		// route, and the Allow header must say how to use it.
+		static := map[string]bool{}
+		_ = chi.Walk(routes, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+			if route == r.URL.Path {
+				static[method] = true
+			}
+			return nil
+		})
 		var allow []string
 		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
-			if routes.Match(chi.NewRouteContext(), m, r.URL.Path) ||
-				m == http.MethodHead && routes.Match(chi.NewRouteContext(), http.MethodGet, r.URL.Path) {
+			switch {
+			case len(static) > 0:
+				if static[m] || m == http.MethodHead && static[http.MethodGet] {
+					allow = append(allow, m)
+				}
+			case routes.Match(chi.NewRouteContext(), m, r.URL.Path) ||
+				m == http.MethodHead && routes.Match(chi.NewRouteContext(), http.MethodGet, r.URL.Path):
 				allow = append(allow, m)
 			}
 		}

@@ -46,6 +46,18 @@ func TestValidateRefusesInvisibleCharacters(t *testing.T) {
 		{name: "joiner in a Malayalam name", value: "\u0d28\u0d4d\u200d\u0d31"},
 		{name: "accents and other scripts", value: "Zoë Ñúñez 李小龍 Ольга"},
 		{name: "right-to-left text without controls", value: "\u05d3\u05d5\u05d3"},
+		{name: "Hangul filler alone", value: "\u3164", field: "name"},
+		{name: "Hangul fillers and a space", value: "\u3164 \u3164", field: "name"},
+		{name: "halfwidth Hangul filler", value: "Ada\uffa0Lovelace", field: "name"},
+		{name: "blank braille pattern alone", value: "\u2800\u2800", field: "name"},
+		{name: "blank braille pattern inside", value: "Ada\u2800Lovelace", field: "name"},
+		{name: "combining grapheme joiner alone", value: "\u034f", field: "name"},
+		{name: "combining grapheme joiner inside", value: "Ad\u034fa", field: "name"},
+		{name: "Mongolian variation selector", value: "Ada\u180bLovelace", field: "name"},
+		{name: "marks alone", value: "\u0301\u0301", field: "name"},
+		{name: "digits alone", value: "12345", field: "name"},
+		{name: "Hangul name", value: "\ud64d\uae38\ub3d9"},
+		{name: "braille with dots", value: "Ada \u2801"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

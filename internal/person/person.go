@@ -88,7 +88,40 @@ func checkName(s string) string {
 	if utf8.RuneCountInString(s) > MaxName {
 		return "must be at most 200 characters"
 	}
-	return checkInvisible(s, true)
+	if why := checkInvisible(s, true); why != "" {
+		return why
+	}
+	for _, r := range s {
+		if unicode.Is(blank, r) {
+			return fmt.Sprintf("must not contain characters that display as blank (U+%04X)", r)
+		}
+	}
+	// What is left shows something; a name also needs something to read.
+	if !strings.ContainsFunc(s, unicode.IsLetter) {
+		return "must contain a letter"
+	}
+	return ""
+}
+
+// blank are the characters that display as nothing, or as a space, but
+// are neither format characters (Cf) nor spaces, so the rules above let
+// them through: the Hangul fillers (letters, U+115F, U+1160, U+3164,
+// U+FFA0), the blank braille pattern (a symbol, U+2800), the combining
+// grapheme joiner (a mark, U+034F), the Khmer inherent vowels (U+17B4,
+// U+17B5) and the Mongolian variation selectors (U+180B to U+180D,
+// U+180F). A name of them alone would look empty, and inside a name they
+// make two names that look the same differ.
+var blank = &unicode.RangeTable{
+	R16: []unicode.Range16{
+		{Lo: 0x034f, Hi: 0x034f, Stride: 1},
+		{Lo: 0x115f, Hi: 0x1160, Stride: 1},
+		{Lo: 0x17b4, Hi: 0x17b5, Stride: 1},
+		{Lo: 0x180b, Hi: 0x180d, Stride: 1},
+		{Lo: 0x180f, Hi: 0x180f, Stride: 1},
+		{Lo: 0x2800, Hi: 0x2800, Stride: 1},
+		{Lo: 0x3164, Hi: 0x3164, Stride: 1},
+		{Lo: 0xffa0, Hi: 0xffa0, Stride: 1},
+	},
 }
 
 // checkInvisible refuses control characters (category Cc), line and

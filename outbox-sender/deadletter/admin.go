@@ -104,11 +104,11 @@ func parseFilter(raw string) (Filter, error) {
 	}
 	errs = append(errs, parseTimes(&f.Since, &f.Until, "since", q.Get("since"), "until", q.Get("until"))...)
 	if v, ok := q["limit"]; ok {
-		n, err := strconv.Atoi(v[0])
-		if err != nil || n < 1 || n > MaxPage {
-			bad("limit", fmt.Sprintf("must be a whole number from 1 to %d", MaxPage))
+		n, ok := httpapi.ParseCount(v[0])
+		if !ok || n > MaxPage {
+			bad("limit", fmt.Sprintf("must be a whole number from 1 to %d, written without sign or leading zeros", MaxPage))
 		}
-		f.Limit = n
+		f.Limit = int(n)
 	}
 	if v := q.Get("cursor"); v != "" {
 		c, err := parseCursor(v)
@@ -155,9 +155,8 @@ func parseCursor(s string) (Cursor, error) {
 // alone would also take "+7" and "007", giving one row several URLs (see
 // httpapi.ParseUUID for the services' ids).
 func rowID(r *http.Request) (int64, error) {
-	raw := chi.URLParam(r, "id")
-	id, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || id < 1 || strconv.FormatInt(id, 10) != raw {
+	id, ok := httpapi.ParseCount(chi.URLParam(r, "id"))
+	if !ok {
 		return 0, httpapi.Field("id", "must be a positive whole number, written without sign or leading zeros")
 	}
 	return id, nil

@@ -1,6 +1,7 @@
 package deadletter
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -42,6 +45,12 @@ func Command(timeout time.Duration, maxRedrives int) service.Command {
 		usage := fmt.Errorf(deadUsage, strings.Join(outbox.ReasonClasses, ", "))
 		if len(args) == 0 {
 			return usage
+		}
+		// Asked for, the usage is the answer, on stdout; an error anywhere
+		// below adds it to the message instead.
+		if slices.ContainsFunc(args, isHelp) {
+			_, err := fmt.Fprintln(stdout, usage.Error())
+			return err
 		}
 		switch args[0] {
 		case "list":
@@ -85,13 +94,20 @@ func Command(timeout time.Duration, maxRedrives int) service.Command {
 	}
 }
 
+// isHelp says whether arg asks for the usage.
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+}
+
+// idArg reads the row id in the form the API writes it, as GET
+// /outbox/{id} does: "007" and "+7" are not ids.
 func idArg(args []string) (int64, []string, error) {
 	if len(args) == 0 {
 		return 0, nil, errors.New("the outbox row's id is missing")
 	}
-	id, err := strconv.ParseInt(args[0], 10, 64)
-	if err != nil || id < 1 {
-		return 0, nil, fmt.Errorf("outbox row id %q: want a positive whole number", args[0])
+	id, ok := httpapi.ParseCount(args[0])
+	if !ok {
+		return 0, nil, fmt.Errorf("outbox row id %q: want a positive whole number, written without sign or leading zeros", args[0])
 	}
 	return id, args[1:], nil
 }
@@ -102,8 +118,32 @@ func newFlags(name string) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags parses args, which must hold flags only.
+// once is a flag that may be given once. The flag package lets a later
+// value replace an earlier one, so "--reason-class a --reason-class b"
+// would quietly act on b: for a command that redrives rows, a typo's
+// guess is worse than a refusal.
+type once struct {
+	flag.Value
+	set bool
+}
+
+func (o *once) Set(v string) error {
+	if o.set {
+		return errors.New("given twice; give each flag once")
+	}
+	o.set = true
+	return o.Value.Set(v)
+}
+
+// IsBoolFlag keeps "--force" and "--dry-run" working without a value.
+func (o *once) IsBoolFlag() bool {
+	b, ok := o.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// parseFlags parses args, which must hold flags only, each at most once.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.VisitAll(func(f *flag.Flag) { f.Value = &once{Value: f.Value} })
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%s: %w", fs.Name(), err)
 	}
@@ -172,7 +212,7 @@ func (o *Operator) listCommand(ctx context.Context, args []string, stdout io.Wri
 			since = *r.DeliveredAt
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.ID, r.State, since.UTC().Format(time.RFC3339),
-			r.Attempts, r.Redrives, deref(r.ReasonClass), r.Student.ID, shorten(deref(r.LastError), 80))
+			r.Attempts, r.Redrives, deref(r.ReasonClass), r.Student.ID, shorten(escapeControls(deref(r.LastError)), 80))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -219,10 +259,47 @@ func (o *Operator) bulkCommand(ctx context.Context, args []string, stdout io.Wri
 	return printJSON(stdout, res)
 }
 
+// printJSON prints v as indented JSON. encoding/json escapes C0 controls
+// but writes DEL, the C1 controls (U+0080 to U+009F) and format characters
+// as they are; a terminal takes U+009B as the start of an escape sequence,
+// and a bidi override reorders what follows it. So those are escaped too. last_error holds what Users (or whatever answered in its
+// place) sent: it must not reach the operator's terminal raw.
 func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	var out strings.Builder
+	for _, r := range b.String() {
+		if r == 0x7f || (r >= 0x80 && r <= 0x9f) || unicode.Is(unicode.Cf, r) {
+			fmt.Fprintf(&out, `\u%04x`, r)
+			continue
+		}
+		out.WriteRune(r)
+	}
+	_, err := io.WriteString(w, out.String())
+	return err
+}
+
+// escapeControls writes the characters of s a terminal would act on rather
+// than show (controls, such as ESC and line breaks, and format characters)
+// as Go escapes, so that a line of the list stays one line of text.
+func escapeControls(s string) string {
+	var out strings.Builder
+	for _, r := range s {
+		switch {
+		case r == utf8.RuneError:
+			out.WriteString(`\ufffd`)
+		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029':
+			q := strconv.QuoteRune(r)
+			out.WriteString(q[1 : len(q)-1])
+		default:
+			out.WriteRune(r)
+		}
+	}
+	return out.String()
 }
 
 func shorten(s string, n int) string {

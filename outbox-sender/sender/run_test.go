@@ -91,6 +91,12 @@ func TestRunDeliversAndStops(t *testing.T) {
 	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, "http://"+admin+httpapi.TypeOutboxRowNotDead, "").Status)
 	var out bytes.Buffer
 	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, apitest.Env("SENDER_ADMIN_ADDR", admin), &out), "healthcheck needs no token")
+	// A client hoarding the admin port's 64 slots leaves room for the
+	// health check.
+	apitest.HoldIdle(t, admin, 64)
+	start := time.Now()
+	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, apitest.Env("SENDER_ADMIN_ADDR", admin), &out))
+	require.Less(t, time.Since(start), time.Second, "answered while the slots were hoarded")
 	require.NoError(t, stop())
 	require.Contains(t, logs.String(), `"msg":"sender stopped"`)
 	require.Contains(t, logs.String(), `"service":"outbox-sender"`)

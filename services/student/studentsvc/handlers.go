@@ -163,12 +163,12 @@ func (s *Server) listStudents(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	limit := DefaultPageSize
-	if v := query.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxPageSize {
-			return httpapi.Field("limit", fmt.Sprintf("must be a whole number from 1 to %d", MaxPageSize))
+	if v, ok := query["limit"]; ok {
+		n, ok := httpapi.ParseCount(v[0])
+		if !ok || n > MaxPageSize {
+			return httpapi.Field("limit", fmt.Sprintf("must be a whole number from 1 to %d, written without sign or leading zeros", MaxPageSize))
 		}
-		limit = n
+		limit = int(n)
 	}
 	after := cursor{}
 	if v := query.Get("cursor"); v != "" {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -93,6 +94,18 @@ func TestRunMigratesThenServes(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, env, &out))
 	require.Equal(t, "ready\n", out.String())
+
+	// A client hoarding every slot, idle keep-alive connections with one
+	// request each, shuts no one out: a new client and the health check
+	// are answered within a second.
+	apitest.HoldIdle(t, env("STUDENT_HTTP_ADDR"), 1024)
+	apitest.HoldIdle(t, env("STUDENT_ADMIN_ADDR"), 64)
+	start := time.Now()
+	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, env, &out))
+	res = apitest.Do(t, http.MethodPost, base+"/students", apitest.PersonBody("Bob", "bob@example.com", "222-2"))
+	require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
+	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, "http://"+env("STUDENT_ADMIN_ADDR")+"/readyz", "").Status)
+	require.Less(t, time.Since(start), time.Second, "answered while the slots were hoarded")
 
 	require.NoError(t, stop())
 	require.Error(t, Run(context.Background(), []string{"healthcheck"}, env, &out), "nothing listens any more")

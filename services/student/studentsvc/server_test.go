@@ -314,7 +314,7 @@ func TestListStudentsPaginates(t *testing.T) {
 	apitest.Do(t, http.MethodGet, e.url+"/students", "").JSON(t, &page)
 	require.Len(t, page.Items, total, "default page size holds them all")
 
-	for _, q := range []string{"limit=0", "limit=201", "limit=x"} {
+	for _, q := range []string{"limit=0", "limit=201", "limit=x", "limit=05", "limit=%2B5", "limit=", "limit=5%20"} {
 		res := apitest.Do(t, http.MethodGet, e.url+"/students?"+q, "")
 		require.Equal(t, http.StatusBadRequest, res.Status, q)
 		require.Equal(t, []string{"limit"}, res.Problem(t).Fields())
