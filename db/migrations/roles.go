@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -78,10 +79,17 @@ func replicates(role string) bool { return role == OutboxCDC }
 // race as an error rather than waiting (a duplicate role, or "tuple
 // concurrently updated"), so the transaction is retried: the loser finds
 // the winner's roles and carries on.
-func prepareRoles(ctx context.Context, conn *pgx.Conn, set Set, passwords map[string]string) error {
+func prepareRoles(ctx context.Context, conn *pgx.Conn, set Set, passwords map[string]string, lockWait time.Duration) error {
 	var err error
 	for attempt := 1; ; attempt++ {
-		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return prepare(ctx, tx, set, passwords) })
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			// Every lock wait below is bounded: the advisory lock, and the
+			// catalog locks of the grants.
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+literal(strconv.FormatInt(lockWait.Milliseconds(), 10)+"ms")); err != nil {
+				return err
+			}
+			return prepare(ctx, tx, set, passwords)
+		})
 		if err == nil || attempt == 10 || !lostRace(err) {
 			return err
 		}
@@ -185,6 +193,11 @@ func prepare(ctx context.Context, tx pgx.Tx, set Set, passwords map[string]strin
 			return fmt.Errorf("schema public: %w", err)
 		}
 	}
+	if superuser {
+		if err := closeBuiltins(ctx, tx, set); err != nil {
+			return err
+		}
+	}
 	if set == Student {
 		// The outbox's publication (student/00006) is the owner's to
 		// create, and creating a publication takes CREATE on the database.
@@ -194,6 +207,53 @@ func prepare(ctx context.Context, tx pgx.Tx, set Set, passwords map[string]strin
 	}
 	return restrictConnect(ctx, tx, set)
 }
+
+// closeBuiltins takes from PUBLIC, in this database, the built-in
+// functions every role may call by default and no runtime role here
+// needs, each of which lets a role that can connect create or interfere:
+//
+//   - large objects (lo_creat, lo_create, lo_from_bytea, lo_import): any
+//     role could store data, a megabyte a call, that outlives its session
+//     and that no table shows;
+//   - advisory locks: any role could take the lock migrate takes and hold
+//     it, stopping every deployment (migrate's waits are bounded too); the
+//     owner keeps the three goose and migrate use;
+//   - pg_notify: any role could wake the sender; Student and the sender,
+//     which announce committed rows, keep it. The NOTIFY command itself
+//     takes no privilege and cannot be taken away: a role that can connect
+//     can still wake the sender, which then runs one claim that finds
+//     nothing.
+//
+// The functions belong to the bootstrap superuser, so only a superuser
+// may change who calls them; an administrator without superuser leaves
+// them as they are, and docs/operating.md says what that leaves open.
+func closeBuiltins(ctx context.Context, tx pgx.Tx, set Set) error {
+	stmts := []string{
+		"REVOKE EXECUTE ON FUNCTION lo_creat(integer), lo_create(oid), lo_from_bytea(oid, bytea), lo_import(text), lo_import(text, oid) FROM PUBLIC",
+		"REVOKE EXECUTE ON FUNCTION " + strings.Join(advisoryLocks, ", ") + " FROM PUBLIC",
+		"GRANT EXECUTE ON FUNCTION pg_try_advisory_lock(bigint), pg_advisory_unlock(bigint), pg_advisory_xact_lock(bigint) TO " + ident(set.Owner()),
+		"REVOKE EXECUTE ON FUNCTION pg_notify(text, text) FROM PUBLIC",
+	}
+	if set == Student {
+		stmts = append(stmts, "GRANT EXECUTE ON FUNCTION pg_notify(text, text) TO "+identList([]string{StudentApp, OutboxSender}))
+	}
+	for _, stmt := range stmts {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("built-in functions: %w", err)
+		}
+	}
+	return nil
+}
+
+// advisoryLocks are the functions that take an advisory lock.
+var advisoryLocks = func() []string {
+	var fns []string
+	for _, name := range []string{"pg_advisory_lock", "pg_advisory_lock_shared", "pg_advisory_xact_lock", "pg_advisory_xact_lock_shared",
+		"pg_try_advisory_lock", "pg_try_advisory_lock_shared", "pg_try_advisory_xact_lock", "pg_try_advisory_xact_lock_shared"} {
+		fns = append(fns, name+"(bigint)", name+"(integer, integer)")
+	}
+	return fns
+}()
 
 // dbName is the current database's name ("" if it cannot be read, which
 // the statement using it then reports).

@@ -44,7 +44,21 @@ var ddl = []string{
 	`DROP TABLE inbox`,
 	`TRUNCATE inbox`,
 	`DELETE FROM goose_db_version`,
+	// Large objects outlive the session and show in no table.
+	`SELECT lo_from_bytea(0, repeat('x', 1000)::bytea)`,
+	`SELECT lo_creat(-1)`,
+	`SELECT lo_create(0)`,
+	// The lock migrate takes, or any advisory lock: held, it would stop a
+	// deployment.
+	`SELECT pg_advisory_lock(hashtext('outboxref roles'))`,
+	`SELECT pg_try_advisory_lock(4097083626)`,
+	`SELECT pg_advisory_xact_lock(1)`,
+	`SELECT pg_advisory_lock_shared(1, 2)`,
 }
+
+// wake is the sender's wake-up; only the roles that commit rows for it
+// may call pg_notify.
+const wake = `SELECT pg_notify('outbox_due', '')`
 
 var roleCases = []roleCase{
 	{
@@ -65,6 +79,7 @@ var roleCases = []roleCase{
 			`UPDATE inbox SET status_code = 201, response_body = '{}', resource_id = gen_random_uuid(), replays = replays + 1
 				WHERE idempotency_key = 'k1'`,
 			`DELETE FROM inbox WHERE created_at < now() - interval '1 day'`,
+			wake,
 		},
 		denied: append([]string{
 			// Linking a student to its user is the sender's.
@@ -96,6 +111,7 @@ var roleCases = []roleCase{
 			`SET ROLE student_owner`,
 			`SET ROLE outbox_sender`,
 			`CREATE PUBLICATION p FOR TABLE outbox`,
+			wake,
 		}, ddl...),
 	},
 	{
@@ -116,6 +132,7 @@ var roleCases = []roleCase{
 			`DELETE FROM outbox_events`,
 			`DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE state = 'delivered' FOR UPDATE SKIP LOCKED)`,
 			`SELECT o.*, s.name, s.user_id FROM outbox o JOIN students s ON s.id = o.student_id`,
+			wake, // after a redrive
 		},
 		denied: append([]string{
 			// Of a student, only its link to its user.
@@ -157,6 +174,7 @@ var roleCases = []roleCase{
 			`DELETE FROM outbox`,
 			`INSERT INTO students (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')`,
 			`SET ROLE student_owner`,
+			wake,
 		}, ddl...),
 	},
 	{
@@ -173,6 +191,7 @@ var roleCases = []roleCase{
 			`DELETE FROM inbox`,
 			`INSERT INTO users (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')`,
 			`SET ROLE users_owner`,
+			wake,
 		}, ddl...),
 	},
 	{
@@ -192,6 +211,7 @@ var roleCases = []roleCase{
 			`DELETE FROM users`,
 			`UPDATE inbox SET request_hash = '\x01'`,
 			`SET ROLE users_owner`,
+			wake,
 		}, ddl...),
 	},
 }
@@ -226,6 +246,31 @@ func TestEachRoleHasItsGrantsAndNoMore(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMigrateWaitsBounded: a session holding the lock migrate takes (here
+// the administrator's, since no runtime role may take it any more) makes
+// migrate give up after its bound, saying why, rather than wait for ever;
+// once the session lets go, migrate succeeds.
+func TestMigrateWaitsBounded(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.EmptyURL(t)
+	holder := connect(t, dbURL)
+	ctx := context.Background()
+	_, err := holder.Exec(ctx, "SELECT pg_advisory_lock(hashtext('outboxref roles'))")
+	require.NoError(t, err)
+	cfg, err := pgx.ParseConfig(dbURL)
+	require.NoError(t, err)
+	passwords := map[string]string{
+		migrations.StudentApp: "p-student-app-0123", migrations.OutboxSender: "p-outbox-sender-0123", migrations.OutboxCDC: "p-outbox-cdc-0123",
+	}
+	start := time.Now()
+	err = migrations.MigrateWaiting(ctx, cfg, migrations.Student, passwords, time.Second)
+	require.ErrorContains(t, err, "waited 1s for a lock another session holds")
+	require.Less(t, time.Since(start), 10*time.Second, "the wait is bounded")
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock(hashtext('outboxref roles'))")
+	require.NoError(t, err)
+	require.NoError(t, migrations.MigrateWaiting(ctx, cfg, migrations.Student, passwords, time.Second))
 }
 
 // TestRolesCannotReachTheOtherDatabase: even in one cluster, no runtime role
