@@ -17,6 +17,7 @@ import (
 	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/lab/faultlab"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
+	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/services/users/usersvc"
 )
 
@@ -270,6 +271,26 @@ func checkCallers(d *deployment) []string {
 			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_TOKEN is not among the tokens %q accepts (USERS_API_TOKENS): Users would refuse every delivery", s.Name, called))
 		}
 	}
+	// Student serves its callers only, as Users does, and the lab's page
+	// creates students as one of them.
+	studentAccepts := map[string][]auth.Credential{} // service → its callers
+	for _, s := range d.goServices() {
+		if name, _, _ := binaryOf(s); name != "student" {
+			continue
+		}
+		sc, _, err := studentsvc.LoadConfig(getenvOf(s.Environment))
+		if err != nil {
+			continue // checkEnvironment reports it
+		}
+		switch {
+		case isMigration(s) && len(sc.Callers) > 0:
+			problems = append(problems, fmt.Sprintf("%q: STUDENT_API_TOKENS is set, but a migration serves no one: keep the tokens out of it", s.Name))
+		case !isMigration(s) && len(sc.Callers) == 0:
+			problems = append(problems, fmt.Sprintf("%q: STUDENT_API_TOKENS is not set: Student refuses to serve without callers", s.Name))
+		case !isMigration(s):
+			studentAccepts[s.Name] = sc.Callers
+		}
+	}
 	// The lab's redrive button calls the sender's admin port as an
 	// operator: its token must be one of that sender's SENDER_ADMIN_TOKENS.
 	for _, l := range d.goServices() {
@@ -280,6 +301,14 @@ func checkCallers(d *deployment) []string {
 		lc, _, err := faultlab.LoadConfig(getenvOf(l.Environment))
 		if err != nil {
 			continue // checkEnvironment reports it
+		}
+		if student := d.calledService(l, b.call("LAB_STUDENT_URL")); student != "" {
+			switch {
+			case lc.StudentToken == "":
+				problems = append(problems, fmt.Sprintf("%q: LAB_STUDENT_TOKEN is not set: Student would refuse the page's students (401)", l.Name))
+			case !slices.ContainsFunc(studentAccepts[student], func(c auth.Credential) bool { return c.Token == lc.StudentToken }):
+				problems = append(problems, fmt.Sprintf("%q: LAB_STUDENT_TOKEN is not among the tokens %q accepts (STUDENT_API_TOKENS): Student would refuse the page's students (401)", l.Name, student))
+			}
 		}
 		called := d.calledService(l, b.call("LAB_SENDER_ADMIN_URL"))
 		if called == "" {

@@ -287,6 +287,7 @@ secrets:
 			`"users-2": USERS_API_TOKENS is not set: Users refuses to serve without callers`,
 			`"users-migrate-2": USERS_API_TOKENS is set, but a migration serves no one`,
 			`"lab": LAB_SENDER_ADMIN_TOKEN is not set: the page's redrive button would be refused (401)`,
+			`"lab": LAB_STUDENT_TOKEN is not set: Student would refuse the page's students (401)`,
 		},
 		"admin ports answer their callers' names": {
 			`"lab": LAB_USERS_ADMIN_URL=http://users:8091 calls "users" by a name its USERS_ADMIN_ALLOWED_HOSTS does not list`,

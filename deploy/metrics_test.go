@@ -122,7 +122,7 @@ func TestDocumentedMetricsExistFromTheStart(t *testing.T) {
 		apitest.RunUntilReady(t, "http://"+ready+"/readyz", func(ctx context.Context) error { return run(ctx, nil, env, &apitest.Logs{}) })
 	}
 	run(studentAdmin, studentsvc.Run, apitest.Env("STUDENT_DATABASE_URL", pgtest.RoleURL(t, studentDB, migrations.StudentApp),
-		"STUDENT_HTTP_ADDR", apitest.FreeAddr(t), "STUDENT_ADMIN_ADDR", studentAdmin))
+		"STUDENT_HTTP_ADDR", apitest.FreeAddr(t), "STUDENT_ADMIN_ADDR", studentAdmin, "STUDENT_API_TOKENS", "client:deploy-client-token-0123456"))
 	run(usersAdmin, usersvc.Run, apitest.Env("USERS_DATABASE_URL", pgtest.RoleURL(t, usersDB, migrations.UsersApp),
 		"USERS_API_TOKENS", "outbox-sender:"+token, "USERS_HTTP_ADDR", apitest.FreeAddr(t), "USERS_ADMIN_ADDR", usersAdmin))
 	served := scrapeFamilies(t, "http://"+studentAdmin+"/metrics")

@@ -56,14 +56,14 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 	body, err = json.Marshal(personBody{Name: "Dashboard Student", Email: "dashboard@example.com", DocumentNumber: "DASH-00001"})
 	require.NoError(t, err)
 	for _, replay := range []bool{false, true} {
-		status, answer, replayed, err := postWithKey(s.client, "http://"+s.studentAddr+"/students", studentKey, body)
+		status, answer, replayed, err := postWithKey(s.client, "http://"+s.studentAddr+"/students", studentKey, body, asSuite...)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusCreated, status, "%s", answer)
 		require.Equal(t, replay, replayed, "the second POST /students with the key is a replay")
 	}
 	body, err = json.Marshal(personBody{Name: "Dashboard Poison", Email: "poison@example.com", DocumentNumber: takenDoc})
 	require.NoError(t, err)
-	status, answer, _, err := postWithKey(s.client, "http://"+s.studentAddr+"/students", uuid.NewString(), body)
+	status, answer, _, err := postWithKey(s.client, "http://"+s.studentAddr+"/students", uuid.NewString(), body, asSuite...)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status, "%s", answer)
 

@@ -38,13 +38,19 @@ type flow struct {
 	users                  http.Handler
 }
 
+// flowClientToken is the tests' token on Student's API.
+const flowClientToken = "flow-client-token-0123456789"
+
 func newFlow(t *testing.T) flow {
 	t.Helper()
 	quiet := slog.New(slog.DiscardHandler)
 	f := flow{studentPool: pgtest.Pool(t, migrations.Student), usersPool: pgtest.Pool(t, migrations.Users)}
 	// Each part runs as its own database role, as in production; the
 	// pools in f are the administrator's, for the tests' own reads.
-	f.student = httptest.NewServer(studentsvc.NewServer(quiet, pgtest.As(t, f.studentPool, migrations.StudentApp), studentsvc.Config{}).Routes())
+	// The tests' requests go to Student as its caller "e2e-suite".
+	f.student = httptest.NewServer(apitest.WithToken(studentsvc.NewServer(quiet, pgtest.As(t, f.studentPool, migrations.StudentApp), studentsvc.Config{
+		Callers: []auth.Credential{{Caller: "e2e-suite", Token: flowClientToken}},
+	}).Routes(), flowClientToken))
 	t.Cleanup(f.student.Close)
 	f.users = usersvc.NewServer(quiet, pgtest.As(t, f.usersPool, migrations.UsersApp), usersvc.Config{
 		Callers: []auth.Credential{{Caller: "outbox-sender", Token: flowToken}},

@@ -111,9 +111,13 @@ const (
 	senderToken  = "e2e-sender-token-0123456789"
 	suiteToken   = "e2e-suite-token-0123456789"
 	usersTokens  = senderCaller + ":" + senderToken + ",e2e-suite:" + suiteToken
+	// Student's callers: the suite's clients, and the lab's page.
+	labStudentToken = "e2e-lab-student-token-0123456789"
+	studentTokens   = "e2e-suite:" + suiteToken + ",lab:" + labStudentToken
 )
 
-// asSuite is the Authorization header of the suite's own calls to Users.
+// asSuite is the Authorization header of the suite's own calls to Users
+// and Student.
 var asSuite = []string{"Authorization", "Bearer " + suiteToken}
 
 // scenario is one running system: fresh databases, Users, Student, the
@@ -293,7 +297,7 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 	s.student = s.newProc("student", bins.student, "http://"+s.studentAddr+"/readyz",
 		"STUDENT_HTTP_ADDR="+s.studentAddr, "STUDENT_ADMIN_ADDR="+s.studentAdmin, "LOG_LEVEL=info",
 		"STUDENT_DATABASE_URL="+asRole(t, s.studentURL, migrations.StudentApp),
-		"STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.StudentApp))
+		"STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.StudentApp), "STUDENT_API_TOKENS="+studentTokens)
 	s.student.env = append(s.student.env, s.tracingEnv()...)
 	s.startProc(s.student)
 
@@ -627,7 +631,12 @@ func (s *scenario) checkAPI(rep invariant.Report, st invariant.State) []string {
 				} `json:"reason"`
 			} `json:"provisioning"`
 		}
-		resp, err := s.client.Get("http://" + s.studentAddr + "/students/" + id.String())
+		req, err := http.NewRequest(http.MethodGet, "http://"+s.studentAddr+"/students/"+id.String(), nil)
+		var resp *http.Response
+		if err == nil {
+			req.Header.Set(asSuite[0], asSuite[1])
+			resp, err = s.client.Do(req)
+		}
 		if err == nil {
 			err = json.NewDecoder(resp.Body).Decode(&got)
 			resp.Body.Close()

@@ -236,7 +236,7 @@ func startLabSystem(s *scenario) *labSystem {
 	s.student = s.newProc("student", bins.student, "http://"+s.studentAddr+"/readyz",
 		"STUDENT_HTTP_ADDR="+s.studentAddr, "STUDENT_ADMIN_ADDR="+s.studentAdmin, "LOG_LEVEL=info",
 		"STUDENT_DATABASE_URL="+asRole(t, s.studentURL, migrations.StudentApp),
-		"STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.StudentApp))
+		"STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.StudentApp), "STUDENT_API_TOKENS="+studentTokens)
 	s.startProc(s.student)
 
 	sys := &labSystem{scenario: s}
@@ -244,9 +244,9 @@ func startLabSystem(s *scenario) *labSystem {
 	sys.labHTTP = apitest.FreeAddr(t)
 	sys.lab = s.newProc("lab", bins.lab, "http://"+sys.labHTTP+"/readyz",
 		"LAB_HTTP_ADDR="+sys.labHTTP, "LAB_PROXY_ADDR="+labProxy, "LOG_LEVEL=info",
-		"LAB_USERS_URL=http://"+s.usersAddr, "LAB_STUDENT_URL=http://"+s.studentAddr,
+		"LAB_USERS_URL=http://"+s.usersAddr, "LAB_STUDENT_URL=http://"+s.studentAddr, "LAB_STUDENT_TOKEN="+labStudentToken,
 		"LAB_STUDENT_ADMIN_URL=http://"+s.studentAdmin, "LAB_USERS_ADMIN_URL=http://"+s.usersAdmin,
-		"LAB_SENDER_ADMIN_URL=http://"+senderAdmin,
+		"LAB_SENDER_ADMIN_URL=http://"+senderAdmin, "LAB_SENDER_ADMIN_TOKEN="+labStudentToken,
 		"LAB_STUDENT_DATABASE_URL="+asRole(t, s.studentURL, migrations.LabReader),
 		"LAB_STUDENT_DATABASE_PASSWORD_FILE="+labSecret,
 		"LAB_USERS_DATABASE_URL="+asRole(t, s.usersURL, migrations.LabReader),
@@ -262,6 +262,7 @@ func startLabSystem(s *scenario) *labSystem {
 		"SENDER_ADMIN_ADDR=" + senderAdmin,
 		"SENDER_ID=sender-1",
 		"SENDER_USERS_TOKEN=" + senderToken,
+		"SENDER_ADMIN_TOKENS=lab:" + labStudentToken,
 		"LOG_LEVEL=info",
 	}, senderTuning...)...)
 	s.senders = []*proc{sys.sender}

@@ -93,7 +93,7 @@ func (l *studentLoad) create(client *http.Client, addr string, p personBody) {
 	backoff := 50 * time.Millisecond
 	var last string
 	for {
-		status, answer, replayed, err := postWithKey(client, "http://"+addr+"/students", key, body)
+		status, answer, replayed, err := postWithKey(client, "http://"+addr+"/students", key, body, asSuite...)
 		switch {
 		case err != nil:
 			last = err.Error()

@@ -87,6 +87,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				"STUDENT_MIGRATE_DATABASE_PASSWORD": secret("admin-pw"),
 				"SENDER_DATABASE_PASSWORD":          secret("sender-pw"),
 				"SENDER_DATABASE_PASSWORD_FILE":     "/nonexistent/" + "x",
+				"STUDENT_API_TOKENS":                "client:" + secret("student-token"),
 				"LOG_LEVEL":                         "loud",
 			},
 			unreachable: map[string]string{
@@ -97,6 +98,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 				"STUDENT_DATABASE_URL": pgtest.RoleURL(t, studentDB, migrations.StudentApp),
 				"STUDENT_HTTP_ADDR":    studentAddr,
 				"STUDENT_ADMIN_ADDR":   apitest.FreeAddr(t),
+				"STUDENT_API_TOKENS":   "client:" + secret("student-token"),
 			},
 			get:  []string{"/students", "/students/00000000-0000-0000-0000-000000000000", "/readyz", "/nope"},
 			post: `{"name":"Ada Lovelace","email":"ada@example.com","document_number":"SECRETS-1"}`,
@@ -202,7 +204,11 @@ func TestSecretsNeverLeave(t *testing.T) {
 				}
 			}
 			if b.post != "" {
-				resp, err := http.Post("http://"+b.addr+"/students", "application/json", strings.NewReader(b.post))
+				req, err := http.NewRequest(http.MethodPost, "http://"+b.addr+"/students", strings.NewReader(b.post))
+				require.NoError(t, err)
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", "Bearer "+secret("student-token"))
+				resp, err := http.DefaultClient.Do(req)
 				require.NoError(t, err)
 				body, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()

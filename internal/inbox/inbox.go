@@ -99,22 +99,13 @@ func DifferingFields(stored []byte, r Request) ([]string, error) {
 // the same key from two callers is two operations, and neither can replay,
 // wait on or probe (through a 422's list of differing fields) the other's.
 type Key struct {
-	// Caller is who sent the key: Users' authenticated caller, or
-	// Anonymous where callers are not told apart.
+	// Caller is who sent the key: the request's authenticated caller.
 	Caller string
 	// Value is the key itself, as ParseKey returns it.
 	Value string
 }
 
-// Anonymous is the caller of a service that authenticates no one, such as
-// Student's public POST /students: all its clients share one key space.
-// Authenticated callers always have a name, so none is Anonymous.
-const Anonymous = ""
-
 func (k Key) String() string {
-	if k.Caller == Anonymous {
-		return strconv.Quote(k.Value)
-	}
 	return strconv.Quote(k.Value) + " of caller " + strconv.Quote(k.Caller)
 }
 

@@ -186,6 +186,9 @@ func (a *API) createOne(ctx context.Context, batch string, i int) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if a.cfg.StudentToken != "" {
+		req.Header.Set("Authorization", "Bearer "+string(a.cfg.StudentToken))
+	}
 	resp, err := a.client.Do(req)
 	if err != nil {
 		// The cause names Student's address: the log gets it, the page

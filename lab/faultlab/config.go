@@ -14,11 +14,14 @@ type Config struct {
 	ProxyAddr string // LAB_PROXY_ADDR: the fault proxy, the sender's SENDER_USERS_URL
 	UsersURL  string // LAB_USERS_URL: Users, where the proxy forwards to
 
-	StudentURL      string // LAB_STUDENT_URL: Student's API, to create students
-	StudentAdminURL string // LAB_STUDENT_ADMIN_URL: Student's /readyz
-	UsersAdminURL   string // LAB_USERS_ADMIN_URL: Users' /readyz
-	SenderAdminURL  string // LAB_SENDER_ADMIN_URL: the sender's /readyz and dead-letter API
-	SenderCaller    string // LAB_SENDER_CALLER: the sender's caller name in Users' USERS_API_TOKENS
+	StudentURL string // LAB_STUDENT_URL: Student's API, to create students
+	// StudentToken is the lab's bearer token on Student's API, one of its
+	// STUDENT_API_TOKENS: the page creates students with it.
+	StudentToken    auth.Secret // LAB_STUDENT_TOKEN or LAB_STUDENT_TOKEN_FILE
+	StudentAdminURL string      // LAB_STUDENT_ADMIN_URL: Student's /readyz
+	UsersAdminURL   string      // LAB_USERS_ADMIN_URL: Users' /readyz
+	SenderAdminURL  string      // LAB_SENDER_ADMIN_URL: the sender's /readyz and dead-letter API
+	SenderCaller    string      // LAB_SENDER_CALLER: the sender's caller name in Users' USERS_API_TOKENS
 	// SenderAdminToken is the lab's operator token for the sender's outbox
 	// routes, listed in the sender's SENDER_ADMIN_TOKENS: the page's
 	// redrive button uses it. Without it, redrives are refused (401).
@@ -64,6 +67,11 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		StudentDatabaseURL: studentDB,
 		UsersDatabaseURL:   usersDB,
 		LogLevel:           e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
+	}
+	if tok := e.Secret("LAB_STUDENT_TOKEN"); tok != "" {
+		err := auth.CheckToken(tok)
+		e.Check(err == nil, "LAB_STUDENT_TOKEN: %w", err)
+		c.StudentToken = auth.Secret(tok)
 	}
 	if tok := e.Secret("LAB_SENDER_ADMIN_TOKEN"); tok != "" {
 		err := auth.CheckToken(tok)

@@ -264,7 +264,7 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 	studentPool := pgtest.Connect(t, studentDB)
 
 	studentAddr, studentAdmin := apitest.FreeAddr(t), apitest.FreeAddr(t)
-	studentEnv := apitest.Env("STUDENT_DATABASE_URL", pgtest.RoleURL(t, studentDB, migrations.StudentApp),
+	studentEnv := apitest.Env("STUDENT_API_TOKENS", "lab:lab-student-token-0123456789", "STUDENT_DATABASE_URL", pgtest.RoleURL(t, studentDB, migrations.StudentApp),
 		"STUDENT_HTTP_ADDR", studentAddr, "STUDENT_ADMIN_ADDR", studentAdmin, "LOG_LEVEL", "warn")
 	apitest.RunUntilReady(t, "http://"+studentAdmin+"/readyz", func(ctx context.Context) error {
 		return studentsvc.Run(ctx, nil, studentEnv, &apitest.Logs{})
@@ -284,7 +284,7 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 		"LAB_USERS_DATABASE_URL", pgtest.RoleURL(t, usersDB, migrations.LabReader),
 		"LAB_STUDENT_URL", "http://"+studentAddr, "LAB_STUDENT_ADMIN_URL", "http://"+studentAdmin,
 		"LAB_SENDER_ADMIN_URL", senderAdmin.URL, "LAB_USERS_ADMIN_URL", "http://"+apitest.FreeAddr(t),
-		"LAB_SENDER_ADMIN_TOKEN", "lab-operator-token-0123456789")
+		"LAB_SENDER_ADMIN_TOKEN", "lab-operator-token-0123456789", "LAB_STUDENT_TOKEN", "lab-student-token-0123456789")
 
 	res := post(t, page+"/api/students", `{"count":3}`)
 	require.Equal(t, http.StatusOK, res.Status, "%s", res.Body)

@@ -99,6 +99,12 @@ func httpClient(conns int) *http.Client {
 	return &http.Client{Transport: t, Timeout: 30 * time.Second}
 }
 
+// The bench's caller of Student's API (STUDENT_API_TOKENS).
+const (
+	clientCaller = "bench"
+	clientToken  = "bench-client-token-0123456789"
+)
+
 // postStudent POSTs p to Student as the README's curl session does:
 // JSON, no Idempotency-Key (a key is optional on POST /students, and the
 // README's example sends none). Anything but a 201 is an error carrying
@@ -113,6 +119,7 @@ func postStudent(ctx context.Context, client *http.Client, base string, p person
 		return uuid.Nil, fmt.Errorf("post student: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+clientToken)
 	resp, err := client.Do(req)
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("post student: %w", err)

@@ -358,6 +358,8 @@ func (s *system) launch(ctx context.Context, bin string) error {
 			"STUDENT_ADMIN_ADDR=" + s.studentAdmAddr,
 			"STUDENT_DATABASE_URL=" + b.dbURL(d.student, migrations.StudentApp, ""),
 			"STUDENT_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.StudentApp],
+			// A build from before Student took callers ignores it.
+			"STUDENT_API_TOKENS=" + clientCaller + ":" + clientToken,
 		}
 	case senderBin:
 		slot, ready = &s.sender, "http://"+s.admAddr+"/readyz"

@@ -32,11 +32,10 @@ type Target struct {
 	// transaction, as a concurrent request would. The service must be
 	// configured with a short idempotency wait (a second or less).
 	DB *pgxpool.Pool
-	// Token, when set, is a caller's bearer token: every request sends it,
-	// and the suite adds the rows of requests without it or with a wrong
-	// one (Users). Caller is the name the target knows that caller by,
-	// whose scope the suite's keys live in ("" where callers are not told
-	// apart, as in Student).
+	// Token is a caller's bearer token: every request sends it, and the
+	// suite adds the rows of requests without it or with a wrong one.
+	// Caller is the name the target knows that caller by, whose scope the
+	// suite's keys live in.
 	Token, Caller string
 	// OtherToken, when set, is a second caller's token: the suite checks
 	// that its keys are its own.

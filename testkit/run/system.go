@@ -216,12 +216,13 @@ func (s *system) plan(sec secrets) []step {
 			"USERS_HTTP_ADDR="+c.addr(portUsers), "USERS_ADMIN_ADDR="+c.addr(portUsersAdmin))},
 		{name: "student", bin: "student", ready: c.url(portStudentAdmin), env: with(
 			"STUDENT_DATABASE_URL="+s.dbURL(migrations.StudentApp, "student"), "STUDENT_DATABASE_PASSWORD="+sec.studentApp,
+			"STUDENT_API_TOKENS=operator:"+sec.operatorToken+",lab:"+sec.labToken,
 			"STUDENT_HTTP_ADDR="+c.addr(portStudent), "STUDENT_ADMIN_ADDR="+c.addr(portStudentAdmin))},
 		{name: "lab", bin: "lab", ready: c.url(portLabPage), env: with(
 			"LAB_HTTP_ADDR="+c.addr(portLabPage), "LAB_PROXY_ADDR="+c.addr(portLabProxy),
 			"LAB_USERS_URL="+c.url(portUsers), "LAB_STUDENT_URL="+c.url(portStudent),
 			"LAB_STUDENT_ADMIN_URL="+c.url(portStudentAdmin), "LAB_USERS_ADMIN_URL="+c.url(portUsersAdmin),
-			"LAB_SENDER_ADMIN_URL="+c.url(portSenderAdmin), "LAB_SENDER_ADMIN_TOKEN="+sec.labToken,
+			"LAB_SENDER_ADMIN_URL="+c.url(portSenderAdmin), "LAB_SENDER_ADMIN_TOKEN="+sec.labToken, "LAB_STUDENT_TOKEN="+sec.labToken,
 			"LAB_STUDENT_DATABASE_URL="+s.dbURL(migrations.LabReader, "student"), "LAB_STUDENT_DATABASE_PASSWORD="+sec.lab,
 			"LAB_USERS_DATABASE_URL="+s.dbURL(migrations.LabReader, "users"), "LAB_USERS_DATABASE_PASSWORD="+sec.lab)},
 		{name: "outbox-sender", bin: "outbox-sender", ready: c.url(portSenderAdmin), env: with(
@@ -285,7 +286,7 @@ func (s *system) printBlock(w io.Writer) {
 	fmt.Fprintf(w, `
 outboxref is running (SENDER_SOURCE=%s). Ctrl-C stops everything.
 
-  Student's API     %s
+  Student's API     %s   (a bearer token per caller)
   Users' API        %s   (a bearer token per caller)
   sender's admin    %s   (/outbox with the operator's token, /metrics)
   fault lab's page  %s   (open it in a browser)
@@ -293,14 +294,14 @@ outboxref is running (SENDER_SOURCE=%s). Ctrl-C stops everything.
   Student's admin   %s/metrics
   Users' admin      %s/metrics
   %s
-  operator's token  %s   (Users' API, the sender's /outbox)
+  operator's token  %s   (both APIs, the sender's /outbox)
   logs              %s
 
 For the curl session in the README, and the runbook:
   S=localhost:%d U=localhost:%d A=localhost:%d T=%s
   UDB=%s
 Create a student:
-  curl -si --json '{"name":"Ada Lovelace","email":"ada@example.com","document_number":"123.456-7"}' $S/students
+  curl -si --oauth2-bearer $T --json '{"name":"Ada Lovelace","email":"ada@example.com","document_number":"123.456-7"}' $S/students
 `, c.source, c.url(portStudent), c.url(portUsers), c.url(portSenderAdmin), c.url(portLabPage), c.url(portLabProxy),
 		c.url(portStudentAdmin), c.url(portUsersAdmin), database, s.token, filepath.Join(s.work, "logs"),
 		c.port(portStudent), c.port(portUsers), c.port(portSenderAdmin), s.token, s.printableURL("users"))

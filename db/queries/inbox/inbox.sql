@@ -1,7 +1,7 @@
 -- The inbox protocol, shared by Student (client keys on POST /students) and
 -- Users (the sender's keys on POST /users). Both databases have the same
--- inbox table. A key lives in its caller's scope: every statement names
--- both. (Student's clients are all one anonymous caller, the empty name.)
+-- inbox table. A key lives in its caller's scope, the authenticated
+-- caller's name: every statement names both.
 
 -- name: ClaimKey :execrows
 -- Inserting the key is the claim: one row inserted means this transaction

@@ -29,8 +29,8 @@ type ClaimKeyParams struct {
 
 // The inbox protocol, shared by Student (client keys on POST /students) and
 // Users (the sender's keys on POST /users). Both databases have the same
-// inbox table. A key lives in its caller's scope: every statement names
-// both. (Student's clients are all one anonymous caller, the empty name.)
+// inbox table. A key lives in its caller's scope, the authenticated
+// caller's name: every statement names both.
 // Inserting the key is the claim: one row inserted means this transaction
 // holds the key, none that the key's answer is already stored. A concurrent
 // transaction inserting the same key waits on the primary key until this one

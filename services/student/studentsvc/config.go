@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/envconfig"
 	"github.com/outboxref/outboxref/internal/service"
 )
@@ -42,6 +43,10 @@ type Config struct {
 	AdminAllowedHosts []string // STUDENT_ADMIN_ALLOWED_HOSTS
 	// DBMaxConns is the size of the pool on Student's database.
 	DBMaxConns int // STUDENT_DB_MAX_CONNS
+	// Callers may call the API, each with its bearer token; each caller's
+	// idempotency keys are its own. Serving needs at least one (Run checks:
+	// "migrate" and "healthcheck" need none).
+	Callers []auth.Credential // STUDENT_API_TOKENS or STUDENT_API_TOKENS_FILE
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
@@ -82,6 +87,14 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e.Check(c.KeyWait < c.DatabaseTimeout,
 		"STUDENT_IDEMPOTENCY_WAIT=%s must be shorter than STUDENT_DATABASE_TIMEOUT=%s: the wait for a key happens inside a transaction bounded by the timeout",
 		c.KeyWait, c.DatabaseTimeout)
+	// As Users' USERS_API_TOKENS: inline or from a file, errors naming
+	// callers, never tokens.
+	if tokens := e.Secret("STUDENT_API_TOKENS"); tokens != "" {
+		callers, err := auth.ParseTokens(tokens)
+		e.Check(err == nil, "STUDENT_API_TOKENS: %w", err)
+		e.Check(err != nil || len(callers) > 0, "STUDENT_API_TOKENS: lists no caller; list each as caller:token")
+		c.Callers = callers
+	}
 	c.MigrateDatabaseURL, _ = e.DatabaseLogin("STUDENT_MIGRATE_DATABASE_URL",
 		"postgres://postgres@localhost:5432/student?sslmode=disable", "STUDENT_MIGRATE_DATABASE_PASSWORD")
 	c.Logins = []service.Login{

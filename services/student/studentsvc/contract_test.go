@@ -15,7 +15,7 @@ func TestIdempotencyContract(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, Config{KeyWait: 300 * time.Millisecond, DatabaseTimeout: 10 * time.Second})
 	contract.Run(t, contract.Target{
-		URL: e.url + "/students", DB: e.pool,
+		URL: e.raw + "/students", DB: e.pool, Token: clientToken, Caller: "client", OtherToken: otherToken,
 		Created: func(t *testing.T) int {
 			students := e.count(t, "students")
 			require.Equal(t, students, e.count(t, "outbox"), "one outbox row per student")

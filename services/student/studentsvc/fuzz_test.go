@@ -73,6 +73,12 @@ func FuzzStudentAPI(f *testing.F) {
 		{"POST", "/students", ct + apitest.Lines("Content-Length", "5"), ada},
 		{"POST", "/students", ct + apitest.Lines("Expect", "100-continue"), apitest.PersonBody("F", "f@example.com", "F-10")},
 		{"POST", "/students", ct + apitest.Lines("Content-Encoding", "gzip"), ada},
+		// Credentials: unknown, malformed, repeated, another caller's.
+		{"POST", "/students", ct + apitest.Lines("Authorization", "Bearer not-a-known-token-0000"), apitest.PersonBody("G", "g@example.com", "F-16")},
+		{"POST", "/students", ct + apitest.Lines("Authorization", "Basic Y2xpZW50OnB3"), apitest.PersonBody("G", "g@example.com", "F-16")},
+		{"POST", "/students", ct + apitest.Lines("Authorization", "Bearer "+clientToken, "Authorization", "Bearer "+otherToken), ada},
+		{"POST", "/students", ct + apitest.Lines("Authorization", "Bearer "+otherToken, httpapi.KeyHeader, "k1"), ada},
+		{"GET", "/students", apitest.Lines("Authorization", "Bearer"), ""},
 		// Reads: pages, cursors, ids in every spelling uuid.Parse accepts.
 		{"GET", "/students", "", ""},
 		{"GET", "/students?limit=1", "", ""},
@@ -124,9 +130,11 @@ func FuzzStudentAPI(f *testing.F) {
 	// server and a slow answer is not what this target looks for.
 	// Student runs as its own role, as in production; the harness counts
 	// rows as the administrator.
-	s := NewServer(log, pgtest.As(f, pool, migrations.StudentApp), Config{KeyWait: 5 * time.Second, DatabaseTimeout: 20 * time.Second})
+	s := newTestServer(log, pgtest.As(f, pool, migrations.StudentApp), Config{KeyWait: 5 * time.Second, DatabaseTimeout: 20 * time.Second})
 	apitest.FuzzAPI(f, apitest.FuzzTarget{
-		Handler: s.Routes(), DB: pool, Log: logs,
+		// A request that carries no Authorization header goes as the
+		// caller "client"; one that carries any is judged as it is.
+		Handler: apitest.WithToken(s.Routes(), clientToken), DB: pool, Log: logs,
 		Writes: func(t *testing.T, req *http.Request, res *http.Response) map[string]int {
 			keyed := len(req.Header.Values(httpapi.KeyHeader)) > 0
 			switch {

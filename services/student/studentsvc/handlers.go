@@ -16,9 +16,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/outbox"
@@ -34,8 +36,10 @@ const (
 
 // Server serves the Student API.
 type Server struct {
-	log     *slog.Logger
-	store   *store.Store
+	log   *slog.Logger
+	store *store.Store
+	// auth names the caller of each API request (cfg.Callers).
+	auth    auth.Authenticator
 	metrics *metrics
 	// registry is what the admin listener's /metrics serves; observe
 	// records each API request's duration in it.
@@ -45,13 +49,22 @@ type Server struct {
 	adminHosts []string
 }
 
+// Challenge is the WWW-Authenticate header of Student's 401 answers.
+const Challenge = `Bearer realm="student"`
+
 // Routes returns every route Student serves. Its API is the one open to
-// the internet, so its requests start traces of their own.
+// the internet, so its requests start traces of their own; it answers
+// authenticated callers only (it shows every student's email and document
+// number), refusing anyone else before reading a byte of the body. The
+// health routes stay open, for the orchestrator.
 func (s *Server) Routes() http.Handler {
 	r := httpapi.NewPublicRouter(s.log, s.store.Ping)
-	r.Post("/students", httpapi.Handle(s.createStudent))
-	r.Get("/students", httpapi.Handle(s.listStudents))
-	r.Get("/students/{id}", httpapi.Handle(s.getStudent))
+	r.Group(func(r chi.Router) {
+		r.Use(httpapi.Authenticate(s.auth, Challenge))
+		r.Post("/students", httpapi.Handle(s.createStudent))
+		r.Get("/students", httpapi.Handle(s.listStudents))
+		r.Get("/students/{id}", httpapi.Handle(s.getStudent))
+	})
 	return s.observe(r)
 }
 
@@ -119,7 +132,13 @@ func (s *Server) createStudent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out, replayed, err := s.store.CreateStudent(r.Context(), key, p, answerCreateStudent)
+	// Each caller's keys are its own: one caller's key can neither replay
+	// another's answer nor tell, by a 422, which fields it guessed right.
+	caller, ok := auth.CallerFrom(r.Context())
+	if !ok {
+		return errors.New("create student: no authenticated caller") // Routes always authenticates first
+	}
+	out, replayed, err := s.store.CreateStudent(r.Context(), caller, key, p, answerCreateStudent)
 	s.metrics.countCreate(key != "", out, replayed, err)
 	if err != nil {
 		return err

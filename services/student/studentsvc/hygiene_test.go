@@ -19,7 +19,7 @@ import (
 func TestHTTPHygiene(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
-	h := NewServer(slog.New(slog.DiscardHandler), pool, Config{KeyWait: time.Second, DatabaseTimeout: 10 * time.Second}).Routes()
+	h := newTestServer(slog.New(slog.DiscardHandler), pool, Config{KeyWait: time.Second, DatabaseTimeout: 10 * time.Second}).Routes()
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
 	short := httptest.NewUnstartedServer(h)
@@ -30,7 +30,7 @@ func TestHTTPHygiene(t *testing.T) {
 	e := env{url: ts.URL, pool: pool}
 	contract.Hygiene(t, contract.HygieneTarget{
 		Target: contract.Target{
-			URL: ts.URL + "/students", DB: pool,
+			URL: ts.URL + "/students", DB: pool, Token: clientToken, Caller: "client",
 			Created: func(t *testing.T) int {
 				n := e.count(t, "students")
 				require.Equal(t, n, e.count(t, "outbox"), "one outbox row per student")

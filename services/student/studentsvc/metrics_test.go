@@ -23,9 +23,9 @@ import (
 func TestMetricsCountCommittedEffects(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
-	s := NewServer(slog.New(slog.DiscardHandler), pgtest.As(t, pool, migrations.StudentApp),
+	s := newTestServer(slog.New(slog.DiscardHandler), pgtest.As(t, pool, migrations.StudentApp),
 		Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: 10 * time.Second})
-	api := httptest.NewServer(s.Routes())
+	api := httptest.NewServer(apitest.WithToken(s.Routes(), clientToken))
 	t.Cleanup(api.Close)
 	admin := httptest.NewServer(s.AdminRoutes())
 	t.Cleanup(admin.Close)
@@ -57,7 +57,7 @@ func TestMetricsCountCommittedEffects(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	_, err = tx.Exec(ctx, `INSERT INTO inbox (idempotency_key, request_hash, request) VALUES ('busy', '\x00', '{}')`)
+	_, err = tx.Exec(ctx, `INSERT INTO inbox (caller, idempotency_key, request_hash, request) VALUES ('client', 'busy', '\x00', '{}')`)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusConflict, post(body("Eve", "eve@example.com", "555-5"), "Idempotency-Key", "busy"))
 	require.NoError(t, tx.Rollback(ctx))
@@ -120,8 +120,8 @@ func newMetricsEnv(t *testing.T, dbURL string) metricsEnv {
 	pool, err := database.Open(context.Background(), dbURL, database.Limits{StatementTimeout: cfg.DatabaseTimeout})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	s := NewServer(slog.New(slog.DiscardHandler), pool, cfg)
-	api := httptest.NewServer(s.Routes())
+	s := newTestServer(slog.New(slog.DiscardHandler), pool, cfg)
+	api := httptest.NewServer(apitest.WithToken(s.Routes(), clientToken))
 	t.Cleanup(api.Close)
 	admin := httptest.NewServer(s.AdminRoutes())
 	t.Cleanup(admin.Close)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/service"
 	"github.com/outboxref/outboxref/services/student/internal/store"
@@ -18,8 +19,14 @@ import (
 // that wakes the outbox sender for new rows. args may be "migrate" or
 // "healthcheck" (see service.Binary).
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	cfg, _, err := LoadConfig(getenv)
-	if err != nil {
+	cfg, e, _ := LoadConfig(getenv)
+	if len(args) == 0 {
+		// As Users: serving needs callers. Student's API shows every
+		// student's email and document number; nothing is served to no one.
+		e.Require("STUDENT_API_TOKENS", getenv("STUDENT_API_TOKENS")+getenv("STUDENT_API_TOKENS_FILE"),
+			"Student answers authenticated callers only; list each as caller:token")
+	}
+	if err := e.Err(); err != nil {
 		return err
 	}
 	return service.Binary{
@@ -54,7 +61,7 @@ func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
 	m := newMetrics()
 	reg := httpapi.NewRegistry(m.collectors()...)
 	return &Server{
-		log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout),
+		log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout), auth: auth.NewTokens(cfg.Callers),
 		metrics: m, registry: reg, observe: httpapi.RequestMetrics(reg),
 		adminHosts: cfg.AdminAllowedHosts,
 	}

@@ -25,6 +25,14 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	err = Run(context.Background(), []string{"serve"}, apitest.Env(), &bytes.Buffer{})
 	require.ErrorContains(t, err, "want none, or one of healthcheck, migrate")
 
+	// Serving needs callers, and a token a caller could send; the error
+	// names the caller, never the token.
+	err = Run(context.Background(), nil, apitest.Env(), &bytes.Buffer{})
+	require.ErrorContains(t, err, "STUDENT_API_TOKENS (or STUDENT_API_TOKENS_FILE) is required")
+	err = Run(context.Background(), nil, apitest.Env("STUDENT_API_TOKENS", "web:hunter2"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "STUDENT_API_TOKENS")
+	require.NotContains(t, err.Error(), "hunter2")
+
 	// A malformed database URL is named, but its password never shown.
 	err = Run(context.Background(), nil, apitest.Env("STUDENT_DATABASE_URL", "postgres://app:hunter2@db:5432/x?sslmode=%zz"), &bytes.Buffer{})
 	require.ErrorContains(t, err, "STUDENT_DATABASE_URL")
@@ -74,14 +82,16 @@ func TestRunMigratesThenServes(t *testing.T) {
 		"STUDENT_DATABASE_PASSWORD", pgtest.Passwords[migrations.StudentApp],
 		"SENDER_DATABASE_PASSWORD", pgtest.Passwords[migrations.OutboxSender],
 		"SENDER_CDC_DATABASE_PASSWORD", pgtest.Passwords[migrations.OutboxCDC], "STUDENT_HTTP_ADDR", apitest.FreeAddr(t),
-		"STUDENT_ADMIN_ADDR", apitest.FreeAddr(t))
+		"STUDENT_ADMIN_ADDR", apitest.FreeAddr(t), "STUDENT_API_TOKENS", "client:"+clientToken)
 	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}))
 	require.NoError(t, Run(context.Background(), []string{"migrate"}, env, &bytes.Buffer{}), "migrating twice is a no-op")
 
 	var logs bytes.Buffer
 	base := "http://" + env("STUDENT_HTTP_ADDR")
 	stop := apitest.RunUntilReady(t, base+"/readyz", func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
-	res := apitest.Do(t, http.MethodPost, base+"/students", ada)
+	authed := []string{"Authorization", "Bearer " + clientToken}
+	require.Equal(t, http.StatusUnauthorized, apitest.Do(t, http.MethodPost, base+"/students", ada).Status)
+	res := apitest.Do(t, http.MethodPost, base+"/students", ada, authed...)
 	require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
 	// The admin listener serves the metrics, the API does not.
 	m := apitest.Do(t, http.MethodGet, "http://"+env("STUDENT_ADMIN_ADDR")+"/metrics", "")
@@ -102,7 +112,7 @@ func TestRunMigratesThenServes(t *testing.T) {
 	apitest.HoldIdle(t, env("STUDENT_ADMIN_ADDR"), 64)
 	start := time.Now()
 	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, env, &out))
-	res = apitest.Do(t, http.MethodPost, base+"/students", apitest.PersonBody("Bob", "bob@example.com", "222-2"))
+	res = apitest.Do(t, http.MethodPost, base+"/students", apitest.PersonBody("Bob", "bob@example.com", "222-2"), authed...)
 	require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
 	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, "http://"+env("STUDENT_ADMIN_ADDR")+"/readyz", "").Status)
 	require.Less(t, time.Since(start), time.Second, "answered while the slots were hoarded")

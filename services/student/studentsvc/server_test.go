@@ -26,7 +26,8 @@ import (
 )
 
 type env struct {
-	url  string
+	url  string // sends a request without a token as the caller "client"
+	raw  string // the same server as it is: a request needs its token
 	pool *pgxpool.Pool
 }
 
@@ -39,10 +40,12 @@ func newEnvWith(t *testing.T, cfg Config) env {
 	t.Helper()
 	pool := pgtest.Pool(t, migrations.Student)
 	// Student runs as its own role; the test inspects as the administrator.
-	s := NewServer(slog.New(slog.DiscardHandler), pgtest.As(t, pool, migrations.StudentApp), cfg)
-	ts := httptest.NewServer(s.Routes())
+	s := newTestServer(slog.New(slog.DiscardHandler), pgtest.As(t, pool, migrations.StudentApp), cfg)
+	ts := httptest.NewServer(apitest.WithToken(s.Routes(), clientToken))
 	t.Cleanup(ts.Close)
-	return env{url: ts.URL, pool: pool}
+	raw := httptest.NewServer(s.Routes())
+	t.Cleanup(raw.Close)
+	return env{url: ts.URL, raw: raw.URL, pool: pool}
 }
 
 func (e env) create(t *testing.T, body string, headers ...string) apitest.Response {
@@ -153,8 +156,8 @@ func TestCreateStudentRejectsBadInputAndWritesNothing(t *testing.T) {
 func TestDocumentNumberWaitWithoutKey(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
-	s := NewServer(slog.New(slog.DiscardHandler), pgtest.As(t, pool, migrations.StudentApp), Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: 10 * time.Second})
-	ts := httptest.NewServer(s.Routes())
+	s := newTestServer(slog.New(slog.DiscardHandler), pgtest.As(t, pool, migrations.StudentApp), Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: 10 * time.Second})
+	ts := httptest.NewServer(apitest.WithToken(s.Routes(), clientToken))
 	t.Cleanup(ts.Close)
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)

@@ -24,7 +24,7 @@ func serveOn(t *testing.T, dbURL string, cfg Config) (string, *apitest.Logs) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	logs := &apitest.Logs{}
-	ts := httptest.NewServer(NewServer(slog.New(slog.NewJSONHandler(logs, nil)), pool, cfg).Routes())
+	ts := httptest.NewServer(apitest.WithToken(newTestServer(slog.New(slog.NewJSONHandler(logs, nil)), pool, cfg).Routes(), clientToken))
 	t.Cleanup(ts.Close)
 	return ts.URL, logs
 }

@@ -39,7 +39,7 @@ func TestRoundTrips(t *testing.T) {
 	intake := func(key, doc string) []string {
 		t.Helper()
 		trips.Take()
-		_, _, err := s.CreateStudent(ctx, key, person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: doc}, answer)
+		_, _, err := s.CreateStudent(ctx, "client", key, person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: doc}, answer)
 		require.NoError(t, err)
 		return trips.Take()
 	}

@@ -93,7 +93,7 @@ type AnswerFunc func(Student, error) (inbox.Outcome, error)
 // and a repeat gets the stored answer with replayed set; without one, each
 // call is a new operation. Once a new row is committed, the sender is woken
 // for it.
-func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
+func (s *Store) CreateStudent(ctx context.Context, caller, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
 	wrote := false // set by the transaction that wrote the outbox row
 	// The request's trace context, read here: inside the inbox the
 	// context also carries the inbox transaction's span, and the
@@ -110,10 +110,8 @@ func (s *Store) CreateStudent(ctx context.Context, key string, p person.Person, 
 	if key == "" {
 		out, err = s.Inbox.Once(ctx, op)
 	} else {
-		// Student authenticates no one: every client is the anonymous
-		// caller, and all of them share one key space, as public clients of
-		// an idempotent API do.
-		out, replayed, err = s.Inbox.Do(ctx, inbox.Key{Caller: inbox.Anonymous, Value: key}, p.Fields(), op)
+		// Keys are scoped to their caller, as in Users.
+		out, replayed, err = s.Inbox.Do(ctx, inbox.Key{Caller: caller, Value: key}, p.Fields(), op)
 	}
 	if err == nil && wrote {
 		s.Wake.Kick()

@@ -47,7 +47,7 @@ func TestOutboxRowKeepsTraceParent(t *testing.T) {
 		{traced, "client-key-1", "333-3", new(telemetry.TraceParent(traced))},
 		{context.Background(), "", "222-2", nil},
 	} {
-		out, _, err := s.CreateStudent(tc.ctx, tc.key, person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: tc.doc}, answer)
+		out, _, err := s.CreateStudent(tc.ctx, "client", tc.key, person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: tc.doc}, answer)
 		require.NoError(t, err)
 		var got *string
 		require.NoError(t, admin.QueryRow(context.Background(),

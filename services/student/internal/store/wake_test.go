@@ -41,7 +41,7 @@ func TestNewRowsWakeTheSender(t *testing.T) {
 	}
 	create := func(key, doc string) {
 		t.Helper()
-		_, _, err := s.CreateStudent(ctx, key, person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: doc}, answer)
+		_, _, err := s.CreateStudent(ctx, "client", key, person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: doc}, answer)
 		require.NoError(t, err)
 	}
 
