@@ -39,6 +39,23 @@ Times are RFC 3339 (2026-12-03T08:00:00Z); reason classes: ` + "%s"
 // call's work bounded by timeout (SENDER_DATABASE_TIMEOUT). Redrives are
 // recorded as the person at this host's command line.
 func Command(timeout time.Duration, maxRedrives int) service.Command {
+	run := command(timeout, maxRedrives)
+	return func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error {
+		if err := run(ctx, pool, args, stdout); err != nil {
+			return inertError{err}
+		}
+		return nil
+	}
+}
+
+// inertError is an error of the command's as the terminal will show it:
+// its messages quote the arguments, which may hold escape sequences.
+type inertError struct{ err error }
+
+func (e inertError) Error() string { return escapeControls(e.err.Error(), true) }
+func (e inertError) Unwrap() error { return e.err }
+
+func command(timeout time.Duration, maxRedrives int) service.Command {
 	return func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error {
 		o := New(pool, cliActor(), timeout)
 		o.MaxRedrives = maxRedrives
@@ -212,7 +229,7 @@ func (o *Operator) listCommand(ctx context.Context, args []string, stdout io.Wri
 			since = *r.DeliveredAt
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.ID, r.State, since.UTC().Format(time.RFC3339),
-			r.Attempts, r.Redrives, deref(r.ReasonClass), r.Student.ID, shorten(escapeControls(deref(r.LastError)), 80))
+			r.Attempts, r.Redrives, deref(r.ReasonClass), r.Student.ID, shorten(escapeControls(deref(r.LastError), false), 80))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -285,11 +302,14 @@ func printJSON(w io.Writer, v any) error {
 
 // escapeControls writes the characters of s a terminal would act on rather
 // than show (controls, such as ESC and line breaks, and format characters)
-// as Go escapes, so that a line of the list stays one line of text.
-func escapeControls(s string) string {
+// as Go escapes, so that a line of the list stays one line of text. With
+// lines, line breaks and tabs are kept (a multi-line usage message).
+func escapeControls(s string, lines bool) string {
 	var out strings.Builder
 	for _, r := range s {
 		switch {
+		case lines && (r == '\n' || r == '\t'):
+			out.WriteRune(r)
 		case r == utf8.RuneError:
 			out.WriteString(`\ufffd`)
 		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029':
