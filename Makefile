@@ -25,8 +25,13 @@ run:
 	@bin/outboxref-run
 
 ## test: every unit and integration test, with -race, on a throwaway PostgreSQL cluster (or on TEST_DATABASE_URL)
+# Four test binaries at once, not one per core: most of a binary's time is
+# spent waiting on PostgreSQL, and on two cores the default (two) left the
+# linking of the next binaries waiting behind those waits (71-83s against
+# 56-61s, measured side by side).
+TEST_PARALLEL ?= 4
 test:
-	$(GO) run ./testkit/withpostgres -- $(GO) test -race -count=1 -timeout 15m $(PACKAGES)
+	$(GO) run ./testkit/withpostgres -- $(GO) test -p $(TEST_PARALLEL) -race -count=1 -timeout 15m $(PACKAGES)
 
 ## e2e: the fault-injection suite: real binaries, real clusters, a fault proxy
 e2e:
