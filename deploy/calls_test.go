@@ -219,35 +219,28 @@ func checkWaitsNest(d *deployment) []string {
 	return problems
 }
 
-// checkCallers ties the sender's credentials to Users'. Users serves only
-// the callers in USERS_API_TOKENS, and the sender authenticates with
+// checkCallers ties each caller's token to the callee's list. Users serves
+// only the callers in USERS_API_TOKENS, and the sender authenticates with
 // SENDER_USERS_TOKEN: a token Users does not list gets every delivery
 // refused (401), which the sender retries for ever and says so, but
-// delivers nothing. Each binary checks its own variable at start; only the
-// deployment sees both. Migrations serve no one, so they are not handed
-// the tokens.
+// delivers nothing. Likewise the lab's tokens on Student's API and the
+// sender's admin port. Each binary checks its own variable at start; only
+// the deployment sees both. Migrations serve no one, so they are not
+// handed the tokens.
 func checkCallers(d *deployment) []string {
-	var problems []string
-	accepted := map[string]string{} // token → the users service that accepts it
-	for _, u := range d.goServices() {
-		if name, _, _ := binaryOf(u); name != "users" {
-			continue
-		}
-		uc, _, err := usersvc.LoadConfig(getenvOf(u.Environment))
-		if err != nil {
-			continue // checkEnvironment reports it
-		}
-		switch {
-		case isMigration(u) && len(uc.Callers) > 0:
-			problems = append(problems, fmt.Sprintf("%q: USERS_API_TOKENS is set, but a migration serves no one: keep the tokens out of it", u.Name))
-		case !isMigration(u) && len(uc.Callers) == 0:
-			problems = append(problems, fmt.Sprintf("%q: USERS_API_TOKENS is not set: Users refuses to serve without callers", u.Name))
-		case !isMigration(u):
-			for _, c := range uc.Callers {
-				accepted[string(c.Token)] = u.Name
-			}
-		}
-	}
+	// Users and Student serve their callers only; the sender calls Users,
+	// and the lab's page calls Student, each as one of them.
+	users, problems := servedCallers(d, "users", "USERS_API_TOKENS", "Users",
+		func(env func(string) string) ([]auth.Credential, error) {
+			c, _, err := usersvc.LoadConfig(env)
+			return c.Callers, err
+		})
+	students, more := servedCallers(d, "student", "STUDENT_API_TOKENS", "Student",
+		func(env func(string) string) ([]auth.Credential, error) {
+			c, _, err := studentsvc.LoadConfig(env)
+			return c.Callers, err
+		})
+	problems = append(problems, more...)
 	for _, s := range d.goServices() {
 		if name, _, _ := binaryOf(s); name != "outbox-sender" {
 			continue
@@ -261,38 +254,9 @@ func checkCallers(d *deployment) []string {
 		// names, or the one behind the lab it names (the lab passes the
 		// token on).
 		_, b, _ := binaryOf(s)
-		called := d.calledService(s, b.call("SENDER_USERS_URL"))
-		switch users, ok := accepted[string(sc.UsersToken)]; {
-		case sc.UsersToken == "":
-			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_TOKEN is not set: the sender refuses to start without it", s.Name))
-		case called == "":
-			// checkServiceURLs reports it
-		case !ok || users != called:
-			problems = append(problems, fmt.Sprintf("%q: SENDER_USERS_TOKEN is not among the tokens %q accepts (USERS_API_TOKENS): Users would refuse every delivery", s.Name, called))
-		}
+		problems = append(problems, tokenAmong(s.Name, "SENDER_USERS_TOKEN", sc.UsersToken, d.calledService(s, b.call("SENDER_USERS_URL")),
+			"USERS_API_TOKENS", users, "the sender refuses to start without it", "Users would refuse every delivery")...)
 	}
-	// Student serves its callers only, as Users does, and the lab's page
-	// creates students as one of them.
-	studentAccepts := map[string][]auth.Credential{} // service → its callers
-	for _, s := range d.goServices() {
-		if name, _, _ := binaryOf(s); name != "student" {
-			continue
-		}
-		sc, _, err := studentsvc.LoadConfig(getenvOf(s.Environment))
-		if err != nil {
-			continue // checkEnvironment reports it
-		}
-		switch {
-		case isMigration(s) && len(sc.Callers) > 0:
-			problems = append(problems, fmt.Sprintf("%q: STUDENT_API_TOKENS is set, but a migration serves no one: keep the tokens out of it", s.Name))
-		case !isMigration(s) && len(sc.Callers) == 0:
-			problems = append(problems, fmt.Sprintf("%q: STUDENT_API_TOKENS is not set: Student refuses to serve without callers", s.Name))
-		case !isMigration(s):
-			studentAccepts[s.Name] = sc.Callers
-		}
-	}
-	// The lab's redrive button calls the sender's admin port as an
-	// operator: its token must be one of that sender's SENDER_ADMIN_TOKENS.
 	for _, l := range d.goServices() {
 		name, b, _ := binaryOf(l)
 		if name != "lab" {
@@ -302,28 +266,63 @@ func checkCallers(d *deployment) []string {
 		if err != nil {
 			continue // checkEnvironment reports it
 		}
-		if student := d.calledService(l, b.call("LAB_STUDENT_URL")); student != "" {
-			switch {
-			case lc.StudentToken == "":
-				problems = append(problems, fmt.Sprintf("%q: LAB_STUDENT_TOKEN is not set: Student would refuse the page's students (401)", l.Name))
-			case !slices.ContainsFunc(studentAccepts[student], func(c auth.Credential) bool { return c.Token == lc.StudentToken }):
-				problems = append(problems, fmt.Sprintf("%q: LAB_STUDENT_TOKEN is not among the tokens %q accepts (STUDENT_API_TOKENS): Student would refuse the page's students (401)", l.Name, student))
+		problems = append(problems, tokenAmong(l.Name, "LAB_STUDENT_TOKEN", lc.StudentToken, d.calledService(l, b.call("LAB_STUDENT_URL")),
+			"STUDENT_API_TOKENS", students, "Student would refuse the page's students (401)", "Student would refuse the page's students (401)")...)
+		// The redrive button calls the sender's admin port as an operator.
+		operators := map[string][]auth.Credential{}
+		called := d.calledService(l, b.call("LAB_SENDER_ADMIN_URL"))
+		if called != "" {
+			if sc, _, err := sender.LoadConfig(getenvOf(d.project.Services[called].Environment)); err == nil {
+				operators[called] = sc.Operators
 			}
 		}
-		called := d.calledService(l, b.call("LAB_SENDER_ADMIN_URL"))
-		if called == "" {
-			continue // checkServiceURLs reports it
-		}
-		sc, _, err := sender.LoadConfig(getenvOf(d.project.Services[called].Environment))
-		if err != nil {
-			continue
-		}
-		switch {
-		case lc.SenderAdminToken == "":
-			problems = append(problems, fmt.Sprintf("%q: LAB_SENDER_ADMIN_TOKEN is not set: the page's redrive button would be refused (401)", l.Name))
-		case !slices.ContainsFunc(sc.Operators, func(c auth.Credential) bool { return c.Token == lc.SenderAdminToken }):
-			problems = append(problems, fmt.Sprintf("%q: LAB_SENDER_ADMIN_TOKEN is not among the tokens %q accepts (SENDER_ADMIN_TOKENS): the page's redrive button would be refused (401)", l.Name, called))
-		}
+		problems = append(problems, tokenAmong(l.Name, "LAB_SENDER_ADMIN_TOKEN", lc.SenderAdminToken, called,
+			"SENDER_ADMIN_TOKENS", operators, "the page's redrive button would be refused (401)", "the page's redrive button would be refused (401)")...)
 	}
 	return problems
+}
+
+// servedCallers reads the callers each serving service of binary accepts
+// (tokensVar, through callersOf), by service name. A serving one without
+// callers refuses to start; a migration serves no one and is not handed
+// the tokens.
+func servedCallers(d *deployment, binary, tokensVar, who string,
+	callersOf func(env func(string) string) ([]auth.Credential, error)) (map[string][]auth.Credential, []string) {
+	accepts := map[string][]auth.Credential{}
+	var problems []string
+	for _, s := range d.goServices() {
+		if name, _, _ := binaryOf(s); name != binary {
+			continue
+		}
+		callers, err := callersOf(getenvOf(s.Environment))
+		if err != nil {
+			continue // checkEnvironment reports it
+		}
+		switch {
+		case isMigration(s) && len(callers) > 0:
+			problems = append(problems, fmt.Sprintf("%q: %s is set, but a migration serves no one: keep the tokens out of it", s.Name, tokensVar))
+		case !isMigration(s) && len(callers) == 0:
+			problems = append(problems, fmt.Sprintf("%q: %s is not set: %s refuses to serve without callers", s.Name, tokensVar, who))
+		case !isMigration(s):
+			accepts[s.Name] = callers
+		}
+	}
+	return accepts, problems
+}
+
+// tokenAmong checks that service's token (in tokenVar) is one the service
+// it calls, called, accepts (accepts, from its tokensVar); called is ""
+// when the URL names no such service, which checkServiceURLs reports.
+// unset and refused say what follows when the token is missing or not
+// accepted.
+func tokenAmong(service, tokenVar string, token auth.Secret, called, tokensVar string, accepts map[string][]auth.Credential, unset, refused string) []string {
+	switch {
+	case token == "":
+		return []string{fmt.Sprintf("%q: %s is not set: %s", service, tokenVar, unset)}
+	case called == "":
+		return nil
+	case !slices.ContainsFunc(accepts[called], func(c auth.Credential) bool { return c.Token == token }):
+		return []string{fmt.Sprintf("%q: %s is not among the tokens %q accepts (%s): %s", service, tokenVar, called, tokensVar, refused)}
+	}
+	return nil
 }

@@ -68,15 +68,7 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		UsersDatabaseURL:   usersDB,
 		LogLevel:           e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 	}
-	if tok := e.Secret("LAB_STUDENT_TOKEN"); tok != "" {
-		err := auth.CheckToken(tok)
-		e.Check(err == nil, "LAB_STUDENT_TOKEN: %w", err)
-		c.StudentToken = auth.Secret(tok)
-	}
-	if tok := e.Secret("LAB_SENDER_ADMIN_TOKEN"); tok != "" {
-		err := auth.CheckToken(tok)
-		e.Check(err == nil, "LAB_SENDER_ADMIN_TOKEN: %w", err)
-		c.SenderAdminToken = auth.Secret(tok)
-	}
+	c.StudentToken = auth.TokenVar(e, "LAB_STUDENT_TOKEN")
+	c.SenderAdminToken = auth.TokenVar(e, "LAB_SENDER_ADMIN_TOKEN")
 	return c, e, e.Err()
 }

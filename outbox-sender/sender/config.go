@@ -153,21 +153,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		"postgres://"+migrations.OutboxCDC+"@localhost:5432/student?sslmode=disable", "SENDER_CDC_DATABASE_PASSWORD")
 	e.Check(validSlotName(c.CDCSlot),
 		"SENDER_CDC_SLOT=%q: want 1 to 63 lower-case letters, digits or underscores (PostgreSQL's rule for slot names)", c.CDCSlot)
-	// A token Users could never accept is a mistake better caught at start
-	// than by every delivery's 401. The error never shows the token.
-	if tok := e.Secret("SENDER_USERS_TOKEN"); tok != "" {
-		err := auth.CheckToken(tok)
-		e.Check(err == nil, "SENDER_USERS_TOKEN: %w", err)
-		c.UsersToken = auth.Secret(tok)
-	}
-	// Tokens come inline or from a file; errors name operators, never
-	// tokens.
-	if tokens := e.Secret("SENDER_ADMIN_TOKENS"); tokens != "" {
-		operators, err := auth.ParseTokens(tokens)
-		e.Check(err == nil, "SENDER_ADMIN_TOKENS: %w", err)
-		e.Check(err != nil || len(operators) > 0, "SENDER_ADMIN_TOKENS: lists no operator; list each as name:token")
-		c.Operators = operators
-	}
+	c.UsersToken = auth.TokenVar(e, "SENDER_USERS_TOKEN")
+	c.Operators = auth.CallersVar(e, "SENDER_ADMIN_TOKENS", "operator", "name:token")
 	e.Check(c.BackoffMin <= c.BackoffMax, "SENDER_BACKOFF_MIN=%s must not exceed SENDER_BACKOFF_MAX=%s", c.BackoffMin, c.BackoffMax)
 	// A claimed row waits for a free worker at most one batch's worth of
 	// requests, then takes at most one request timeout. The lease must cover

@@ -87,14 +87,7 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e.Check(c.KeyWait < c.DatabaseTimeout,
 		"STUDENT_IDEMPOTENCY_WAIT=%s must be shorter than STUDENT_DATABASE_TIMEOUT=%s: the wait for a key happens inside a transaction bounded by the timeout",
 		c.KeyWait, c.DatabaseTimeout)
-	// As Users' USERS_API_TOKENS: inline or from a file, errors naming
-	// callers, never tokens.
-	if tokens := e.Secret("STUDENT_API_TOKENS"); tokens != "" {
-		callers, err := auth.ParseTokens(tokens)
-		e.Check(err == nil, "STUDENT_API_TOKENS: %w", err)
-		e.Check(err != nil || len(callers) > 0, "STUDENT_API_TOKENS: lists no caller; list each as caller:token")
-		c.Callers = callers
-	}
+	c.Callers = auth.CallersVar(e, "STUDENT_API_TOKENS", "caller", "caller:token")
 	c.MigrateDatabaseURL, _ = e.DatabaseLogin("STUDENT_MIGRATE_DATABASE_URL",
 		"postgres://postgres@localhost:5432/student?sslmode=disable", "STUDENT_MIGRATE_DATABASE_PASSWORD")
 	c.Logins = []service.Login{

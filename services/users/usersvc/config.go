@@ -79,15 +79,7 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// a sender's deliveries never queue for a connection.
 		DBMaxConns: e.Int("USERS_DB_MAX_CONNS", 32, 1, 1000),
 	}
-	// Tokens come inline or, for Docker and Kubernetes secrets, from a
-	// file; errors name callers, never tokens.
-	if tokens := e.Secret("USERS_API_TOKENS"); tokens != "" {
-		callers, err := auth.ParseTokens(tokens)
-		e.Check(err == nil, "USERS_API_TOKENS: %w", err)
-		// A list of blank entries would start a Users that refuses everyone.
-		e.Check(err != nil || len(callers) > 0, "USERS_API_TOKENS: lists no caller; list each as caller:token")
-		c.Callers = callers
-	}
+	c.Callers = auth.CallersVar(e, "USERS_API_TOKENS", "caller", "caller:token")
 	// The wait for a key happens inside the transaction: a deadline no
 	// longer than the wait would end it as "database unavailable" (503)
 	// before it could end as "key in progress" (409).
