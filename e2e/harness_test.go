@@ -693,8 +693,17 @@ func (s *scenario) freezeAtPause(p *proc, point string, px *dbProxy, db *pgxpool
 		return time.Time{}, nil, false
 	}
 	px.freeze()
+	// Sessions inside a transaction when the network froze: normally still
+	// there when it heals, but a client that gives up on its statement may
+	// close its end, and the proxy may pass the close on, ending the
+	// session early. Either way the freeze caught that transaction.
+	atFreeze := s.sessionsInTx(db, px.app)
 	time.Sleep(freezeHold)
 	caught = s.sessionsInTx(db, px.app)
+	if len(caught) == 0 && len(atFreeze) > 0 {
+		s.note("the %d session(s) inside a transaction when the network froze had ended before it healed", len(atFreeze))
+		caught = atFreeze
+	}
 	px.heal()
 	healed = time.Now()
 	dirs, bytes := px.caught()
