@@ -26,8 +26,14 @@ func (e *Engine) claim(ctx context.Context, f Feed, tokens chan struct{}, jobs c
 		if !ok {
 			return
 		}
+		// The lease is counted from before the claim was sent: by the
+		// sender's clock it ends no later than the database's lease does.
+		leaseEnds := time.Now().Add(e.cfg.Lease.For)
 		rows, err := f.Claim(context.WithoutCancel(ctx), n)
 		last = Claimed{Asked: n, Got: len(rows), Err: err}
+		for i := range rows {
+			rows[i].LeaseEnds = leaseEnds
+		}
 		e.metrics.claimed.Add(float64(len(rows)))
 		if len(rows) > 0 {
 			e.metrics.claimSize.Observe(float64(len(rows)))

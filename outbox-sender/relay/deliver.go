@@ -44,10 +44,22 @@ func (e *Engine) attempt(ctx context.Context, row store.Row) store.Result {
 
 // deliver sends one row through the transport and turns the answer into
 // the result to record. A row past its max age is dead-lettered unsent.
+//
+// A row whose lease has run out is handed back unsent. Another sender may
+// hold it by now, and, more to the point, a sender that stalled (a paused
+// process, a swapped-out machine) for longer than Users keeps keys
+// (USERS_INBOX_RETENTION) would otherwise send a key Users has forgotten,
+// and make a second user. The model checker found that run
+// (docs/model.md); the check bounds every send to its claim's lease.
 func (e *Engine) deliver(ctx context.Context, row store.Row) (store.Result, int) {
 	if row.Expired {
 		return store.Result{Row: row, Outcome: dead, Class: outbox.ReasonExpired,
 			Error: fmt.Sprintf("gave up: the operation is older than SENDER_MAX_AGE=%s", e.cfg.Lease.MaxAge)}, 0
+	}
+	if !row.LeaseEnds.IsZero() && !time.Now().Before(row.LeaseEnds) {
+		e.log.LogAttrs(ctx, slog.LevelWarn, "lease ran out before the send: handed back unsent",
+			append(RowAttrs(row), slog.Time("lease_ended", row.LeaseEnds))...)
+		return store.Result{Row: row, Outcome: released, Lapsed: true}, 0
 	}
 	a := e.transport.Deliver(ctx, row)
 	switch a.Verdict {

@@ -141,11 +141,13 @@ func (e *Engine) recorded(ctx context.Context, batch []store.Result, rec store.R
 
 // settled tells the source that a batch's rows are settled: their answers
 // are recorded, or, if recording failed for good, their leases will bring
-// them back to the table. Rows handed back unsent at shutdown are not.
+// them back to the table. Rows handed back unsent at shutdown are not;
+// rows handed back because their lease ran out are (the table carries
+// them, due now).
 func (e *Engine) settled(batch []store.Result) {
 	ids := make([]int64, 0, len(batch))
 	for _, r := range batch {
-		if r.Outcome != released {
+		if r.Outcome != released || r.Lapsed {
 			ids = append(ids, r.Row.ID)
 		}
 	}

@@ -208,3 +208,36 @@ func TestOutageIsSaidPaced(t *testing.T) {
 	require.Equal(t, 3, strings.Count(logs.String(), "\n"), "%s", logs)
 	require.Contains(t, logs.String(), `"level":"INFO","msg":"deliveries succeed again","failed_attempts":9,"failing_for":"40s"`)
 }
+
+// recordingTransport counts the deliveries it is asked for.
+type recordingTransport struct{ sent int }
+
+func (r *recordingTransport) Deliver(context.Context, store.Row) Answer {
+	r.sent++
+	return Answer{Verdict: Delivered, UserID: uuid.New()}
+}
+
+// TestNothingSentAfterTheLease: a row whose lease ran out before its turn
+// (a sender paused, or slower than its lease) is handed back unsent, and
+// counts as settled for the source (the table carries it again); one
+// within its lease is sent. The protocol's model (docs/model.md) found
+// the run where a send after the lease makes a second user.
+func TestNothingSentAfterTheLease(t *testing.T) {
+	t.Parallel()
+	tr := &recordingTransport{}
+	e := &Engine{cfg: Config{MaxAttempts: 3}, log: slog.New(slog.DiscardHandler), transport: tr, metrics: newMetrics()}
+	r, status := e.deliver(context.Background(), store.Row{Attempts: 1, LeaseEnds: time.Now().Add(-time.Millisecond)})
+	require.Equal(t, outbox.OutcomeReleased, r.Outcome)
+	require.True(t, r.Lapsed)
+	require.Zero(t, status)
+	require.Zero(t, tr.sent, "a row past its lease must not be sent")
+
+	r, _ = e.deliver(context.Background(), store.Row{Attempts: 1, LeaseEnds: time.Now().Add(time.Minute)})
+	require.Equal(t, outbox.OutcomeDelivered, r.Outcome)
+	require.Equal(t, 1, tr.sent)
+
+	src := &noSource{}
+	e.source = src
+	e.settled([]store.Result{{Row: store.Row{ID: 1}, Outcome: released, Lapsed: true}, {Row: store.Row{ID: 2}, Outcome: released}})
+	require.Equal(t, []int64{1}, src.settled, "a lapsed row is settled, one handed back at shutdown is not")
+}

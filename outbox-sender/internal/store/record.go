@@ -23,6 +23,9 @@ type Result struct {
 	Class   string    // why it failed (retry, dead): one of outbox.ReasonClasses
 	Error   string
 	Delay   time.Duration // until the next attempt (retry)
+	// Lapsed: released because the lease ran out before the send, not
+	// because the sender is stopping.
+	Lapsed bool
 }
 
 // Recorded is what a recording transaction did.

@@ -50,6 +50,10 @@ type Row struct {
 	// Expired: the operation is older than the claim's MaxAge, counted
 	// from its creation or last redrive. It is dead-lettered, not sent.
 	Expired bool
+	// LeaseEnds is when the claim's lease runs out at the latest, by the
+	// sender's own clock (the claim's start plus SENDER_LEASE); the engine
+	// sets it. The zero time: unknown.
+	LeaseEnds time.Time
 }
 
 // Lease is how a claim holds its rows.
