@@ -181,6 +181,13 @@ func checkRetention(d *deployment) []string {
 				problems = append(problems, fmt.Sprintf("USERS_INBOX_RETENTION=%s (%q) must be longer than SENDER_MAX_AGE=%s (%q): a retry after Users forgot its key would create a second user",
 					uc.InboxRetention, u.Name, sc.MaxAge, s.Name))
 			}
+			// The sender refuses a retry redrive of a key Users may forget
+			// before the retry ends, by its own copy of the retention: a
+			// copy longer than the real one lets such a retry through.
+			if sc.UsersInboxRetention > uc.InboxRetention {
+				problems = append(problems, fmt.Sprintf("SENDER_USERS_INBOX_RETENTION=%s (%q) must not be longer than USERS_INBOX_RETENTION=%s (%q): the sender would retry keys Users has forgotten",
+					sc.UsersInboxRetention, s.Name, uc.InboxRetention, u.Name))
+			}
 		}
 	}
 	return problems

@@ -276,6 +276,7 @@ secrets:
 		},
 		"inbox outlasts sender retries": {
 			`USERS_INBOX_RETENTION=24h0m0s ("users") must be longer than SENDER_MAX_AGE=48h0m0s ("outbox-sender")`,
+			`SENDER_USERS_INBOX_RETENTION=168h0m0s ("outbox-sender") must not be longer than USERS_INBOX_RETENTION=24h0m0s ("users")`,
 		},
 		"users answers before the sender gives up": {
 			`USERS_IDEMPOTENCY_WAIT=3s ("users") must be shorter than SENDER_REQUEST_TIMEOUT=2s ("outbox-sender")`,

@@ -35,10 +35,11 @@ const (
 	TypeUnavailable          = "/problems/unavailable"
 	TypeRequestTimeout       = "/problems/request-timeout"
 	// The sender's admin routes' own types.
-	TypeOutboxRowNotDead = "/problems/outbox-row-not-dead"
-	TypeNewKeyUnsafe     = "/problems/new-key-unsafe"
-	TypeRedriveLimit     = "/problems/redrive-limit"
-	TypeOutboxRowBusy    = "/problems/outbox-row-busy"
+	TypeOutboxRowNotDead  = "/problems/outbox-row-not-dead"
+	TypeNewKeyUnsafe      = "/problems/new-key-unsafe"
+	TypeRedriveLimit      = "/problems/redrive-limit"
+	TypeKeyMayBeForgotten = "/problems/key-may-be-forgotten"
+	TypeOutboxRowBusy     = "/problems/outbox-row-busy"
 )
 
 // FieldError names one input field and what is wrong with it.

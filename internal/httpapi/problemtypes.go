@@ -109,6 +109,14 @@ var problemTypes = []ProblemType{
 			"send \"force\": true.",
 	},
 	{
+		URI: TypeKeyMayBeForgotten, Title: "The key may be forgotten before a retry ends", Status: http.StatusConflict,
+		About: "A retry sends the row's idempotency key again, for another SENDER_MAX_AGE. This key was minted " +
+			"longer ago than USERS_INBOX_RETENTION minus SENDER_MAX_AGE, so Users may forget it before the retry " +
+			"ends, and a key Users forgot looks new: if it created the user, the retry would create a second one.",
+		Action: "Look the student up in Users by its document number. If a user exists, the operation happened; " +
+			"otherwise redrive with \"force\": true.",
+	},
+	{
 		URI: TypeRedriveLimit, Title: "Redrive limit reached", Status: http.StatusConflict,
 		About: "The row has been redriven as many times as SENDER_MAX_REDRIVES allows, and stays dead. Each " +
 			"redrive with a new key leaves one more key in Users' inbox; a row that keeps dying has a cause " +

@@ -172,6 +172,9 @@ func answer(err error, id int64) error {
 	case errors.Is(err, ErrNewKeyUnsafe):
 		return httpapi.NewProblem(httpapi.TypeNewKeyUnsafe,
 			fmt.Sprintf("outbox row %d: %v; redrive with retry, or check Users for the row's keys and send \"force\": true", id, err))
+	case errors.Is(err, ErrKeyMayBeForgotten):
+		return httpapi.NewProblem(httpapi.TypeKeyMayBeForgotten,
+			fmt.Sprintf("outbox row %d: %v; look its student up in Users, and when no user exists send \"force\": true", id, err))
 	case errors.Is(err, ErrRedriveLimit):
 		return httpapi.NewProblem(httpapi.TypeRedriveLimit,
 			fmt.Sprintf("outbox row %d stays dead: %v; read its history for the cause", id, err))

@@ -38,8 +38,8 @@ Times are RFC 3339 (2026-12-03T08:00:00Z); reason classes: ` + "%s"
 // Command runs "outbox-sender dead ...", on the database directly, each
 // call's work bounded by timeout (SENDER_DATABASE_TIMEOUT). Redrives are
 // recorded as the person at this host's command line.
-func Command(timeout time.Duration, maxRedrives int) service.Command {
-	run := command(timeout, maxRedrives)
+func Command(timeout time.Duration, maxRedrives int, keyWindow time.Duration) service.Command {
+	run := command(timeout, maxRedrives, keyWindow)
 	return func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error {
 		if err := run(ctx, pool, args, stdout); err != nil {
 			return inertError{err}
@@ -55,10 +55,11 @@ type inertError struct{ err error }
 func (e inertError) Error() string { return escapeControls(e.err.Error(), true) }
 func (e inertError) Unwrap() error { return e.err }
 
-func command(timeout time.Duration, maxRedrives int) service.Command {
+func command(timeout time.Duration, maxRedrives int, keyWindow time.Duration) service.Command {
 	return func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error {
 		o := New(pool, cliActor(), timeout)
 		o.MaxRedrives = maxRedrives
+		o.KeyWindow = keyWindow
 		usage := fmt.Errorf(deadUsage, strings.Join(outbox.ReasonClasses, ", "))
 		if len(args) == 0 {
 			return usage
@@ -92,7 +93,7 @@ func command(timeout time.Duration, maxRedrives int) service.Command {
 			}
 			fs := newFlags("dead redrive")
 			mode := fs.String("mode", "", "retry or new-operation")
-			force := fs.Bool("force", false, "new-operation even where the old key may have created a user")
+			force := fs.Bool("force", false, "new-operation even where the old key may have created a user; retry even where Users may forget the key")
 			if err := parseFlags(fs, rest); err != nil {
 				return errors.Join(err, usage)
 			}
@@ -249,7 +250,7 @@ func (o *Operator) bulkCommand(ctx context.Context, args []string, stdout io.Wri
 	until := fs.String("until", "", "dead before this time")
 	fs.IntVar(&f.Max, "max", 100, "at most this many rows, oldest death first")
 	fs.BoolVar(&f.DryRun, "dry-run", false, "say what would be redriven, change nothing")
-	fs.BoolVar(&f.Force, "force", false, "new-operation even where the old key may have created a user")
+	fs.BoolVar(&f.Force, "force", false, "new-operation even where the old key may have created a user; retry even where Users may forget the key")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ func TestDeadCommandArguments(t *testing.T) {
 	var id int64
 	require.NoError(t, pool.QueryRow(context.Background(),
 		"UPDATE outbox SET state = 'dead', dead_at = now(), reason_class = 'refused', last_error = $1 RETURNING id", hostile).Scan(&id))
-	dead := Command(3*time.Second, DefaultMaxRedrives)
+	dead := Command(3*time.Second, DefaultMaxRedrives, DefaultKeyWindow)
 	run := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		err := dead(context.Background(), pgtest.As(t, pool, migrations.OutboxSender), args, &out)

@@ -37,7 +37,7 @@ func FuzzDeadCommandArgs(f *testing.F) {
 		reason_class = (ARRAY['refused','expired','users-unavailable'])[1 + id % 3], last_error = e'Users said \x1b[31mno\x1b[0m\r\nforged'`)
 	require.NoError(f, err)
 	sender := pgtest.As(f, pool, migrations.OutboxSender)
-	dead := Command(3*time.Second, DefaultMaxRedrives)
+	dead := Command(3*time.Second, DefaultMaxRedrives, DefaultKeyWindow)
 	read := func(t *testing.T) string {
 		t.Helper()
 		var s string

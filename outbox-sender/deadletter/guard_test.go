@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -97,12 +99,7 @@ func TestRedriveLimit(t *testing.T) {
 	require.Equal(t, 3, count(t, pool, "SELECT cardinality(previous_keys) FROM outbox"))
 	require.Equal(t, 3, count(t, pool, "SELECT redrives FROM outbox WHERE state = 'dead'"))
 
-	srv := httptest.NewServer(apitest.WithToken(func() http.Handler {
-		r := httpapi.NewRouter(slog.New(slog.DiscardHandler), pool.Ping)
-		Routes(r, o, operators)
-		return r
-	}(), operatorToken))
-	t.Cleanup(srv.Close)
+	srv := operatorAPI(t, pool, o)
 	res := apitest.Do(t, http.MethodPost, fmt.Sprintf("%s/outbox/%d/redrive", srv.URL, id), `{"mode":"retry"}`)
 	require.Equal(t, http.StatusConflict, res.Status)
 	require.Equal(t, httpapi.TypeRedriveLimit, res.Problem(t).Type)
@@ -142,4 +139,73 @@ func TestRedriveOfALockedRow(t *testing.T) {
 	require.Equal(t, 1, bulk.Redriven, "the locked row is passed by")
 	require.NoError(t, tx.Rollback(context.Background()))
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead' AND id = $1", locked))
+}
+
+// TestRetryOfAKeyUsersMayForget: a retry sends the row's key for another
+// SENDER_MAX_AGE, so it is refused (409 key-may-be-forgotten, and passed
+// by in bulk) once the key is older than KeyWindow; force overrides it,
+// and a new-operation redrive mints a key that is young again. The
+// protocol's model found the run this prevents (docs/model.md): a key
+// Users forgot looks new, and a retry of one that had created the user
+// makes Users refuse the student's own document number.
+func TestRetryOfAKeyUsersMayForget(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	addStudents(t, pool, 1)
+	o := operator(t, pool, "test")
+	o.KeyWindow = time.Hour
+	ctx := context.Background()
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT id FROM outbox").Scan(&id))
+	die := func(class, keyAge string) {
+		_, err := pool.Exec(ctx, "UPDATE outbox SET state = 'dead', dead_at = now(), reason_class = $1, key_minted_at = now() - $2::interval",
+			class, keyAge)
+		require.NoError(t, err)
+	}
+
+	die(outbox.ReasonExpired, "59 minutes")
+	_, err := o.Redrive(ctx, id, outbox.RedriveRetry, false)
+	require.NoError(t, err, "a key younger than the window may be retried")
+
+	die(outbox.ReasonExpired, "61 minutes")
+	_, err = o.Redrive(ctx, id, outbox.RedriveRetry, false)
+	require.ErrorIs(t, err, ErrKeyMayBeForgotten)
+	require.Equal(t, "dead", text(t, pool, "SELECT state FROM outbox"))
+	bulk, err := o.RedriveMatching(ctx, BulkFilter{Mode: outbox.RedriveRetry, Max: 10})
+	require.NoError(t, err)
+	require.Zero(t, bulk.Matched, "a bulk retry passes the row by")
+
+	srv := operatorAPI(t, pool, o)
+	res := apitest.Do(t, http.MethodPost, fmt.Sprintf("%s/outbox/%d/redrive", srv.URL, id), `{"mode":"retry"}`)
+	require.Equal(t, http.StatusConflict, res.Status, "%s", res.Body)
+	require.Equal(t, httpapi.TypeKeyMayBeForgotten, res.Problem(t).Type)
+	require.Contains(t, res.Problem(t).Detail, "force")
+
+	done, err := o.Redrive(ctx, id, outbox.RedriveRetry, true)
+	require.NoError(t, err, "forced, after the operator checked Users")
+	require.True(t, done.Changed)
+
+	// A new key is young: its row may be retried again.
+	die(outbox.ReasonRefused, "10 hours")
+	_, err = o.Redrive(ctx, id, outbox.RedriveNewOperation, false)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE key_minted_at > now() - interval '1 minute'"))
+}
+
+func text(t *testing.T, pool *pgxpool.Pool, sql string) string {
+	t.Helper()
+	var s string
+	require.NoError(t, pool.QueryRow(context.Background(), sql).Scan(&s))
+	return s
+}
+
+// operatorAPI serves o's admin routes, as the sender's admin port does, to
+// requests sent as the operator "test-admin".
+func operatorAPI(t *testing.T, pool *pgxpool.Pool, o *Operator) *httptest.Server {
+	t.Helper()
+	r := httpapi.NewRouter(slog.New(slog.DiscardHandler), pool.Ping)
+	Routes(r, o, operators)
+	srv := httptest.NewServer(apitest.WithToken(r, operatorToken))
+	t.Cleanup(srv.Close)
+	return srv
 }

@@ -33,6 +33,12 @@ var (
 	// ErrRedriveLimit: the row has been redriven MaxRedrives times and
 	// stays dead.
 	ErrRedriveLimit = errors.New("outbox row has reached its redrive limit")
+	// ErrKeyMayBeForgotten: a retry sends the row's key again for another
+	// SENDER_MAX_AGE, and the key is too old for Users to be sure to
+	// remember it that long (USERS_INBOX_RETENTION). A key Users forgot
+	// looks new: if it had created the user, a retry would make a second
+	// one. Unless the operator has checked Users and forces it.
+	ErrKeyMayBeForgotten = errors.New("the row's key is too old to retry: Users may forget it before the retry ends")
 	// ErrRowBusy: another transaction holds the row's lock; the redrive
 	// left it alone rather than wait.
 	ErrRowBusy = errors.New("outbox row is locked by another transaction")
@@ -44,11 +50,20 @@ var (
 // key in Users' inbox and in the row's previous_keys: the limit bounds both.
 const DefaultMaxRedrives = 10
 
+// DefaultKeyWindow is KeyWindow under the shipped defaults:
+// USERS_INBOX_RETENTION (168h) minus SENDER_MAX_AGE (72h).
+const DefaultKeyWindow = 96 * time.Hour
+
 // Operator reads and redrives outbox rows.
 type Operator struct {
 	// MaxRedrives is how many times one row may be redriven; a row at the
 	// limit stays dead (ErrRedriveLimit).
 	MaxRedrives int
+	// KeyWindow is how long after its key was minted a row may be retried
+	// (ErrKeyMayBeForgotten past it): USERS_INBOX_RETENTION minus
+	// SENDER_MAX_AGE, so that Users remembers the key until the retry's
+	// last attempt.
+	KeyWindow time.Duration
 
 	store    *store.Store
 	actor    string // recorded on each redrive when the context names no caller
@@ -68,7 +83,8 @@ func New(pool *pgxpool.Pool, actor string, timeout time.Duration) *Operator {
 	for _, mode := range []string{outbox.RedriveRetry, outbox.RedriveNewOperation} {
 		redrives.WithLabelValues(mode)
 	}
-	return &Operator{store: store.New(pool, timeout), actor: actor, MaxRedrives: DefaultMaxRedrives, redrives: redrives}
+	return &Operator{store: store.New(pool, timeout), actor: actor, MaxRedrives: DefaultMaxRedrives,
+		KeyWindow: DefaultKeyWindow, redrives: redrives}
 }
 
 // Collectors are the Operator's metrics, for the admin listener's registry.
@@ -105,6 +121,7 @@ type Row struct {
 	RedrivenAt            *time.Time `json:"redriven_at"`
 	// Only in a single row's view (available_at only while pending):
 	AvailableAt *time.Time `json:"available_at,omitempty"`
+	KeyMintedAt *time.Time `json:"key_minted_at,omitempty"` // when the current key was minted
 	ClaimedBy   *string    `json:"claimed_by,omitempty"`
 	History     []Event    `json:"history,omitempty"`
 }
@@ -195,6 +212,7 @@ func (o *Operator) Get(ctx context.Context, id int64) (Row, error) {
 	if e.State == outbox.StatePending { // when it is next due; meaningless once settled
 		row.AvailableAt = &e.AvailableAt
 	}
+	row.KeyMintedAt = &e.KeyMintedAt
 	return row, nil
 }
 
@@ -229,6 +247,10 @@ func (o *Operator) Redrive(ctx context.Context, id int64, mode string, force boo
 	case row.State == outbox.StateDead && mode == outbox.RedriveNewOperation && !force &&
 		(row.ReasonClass == nil || !slices.Contains(outbox.NewKeySafe, *row.ReasonClass)):
 		return Redriven{}, fmt.Errorf("%w; this row is dead as %s", ErrNewKeyUnsafe, deref(row.ReasonClass))
+	case row.State == outbox.StateDead && mode == outbox.RedriveRetry && !force && row.KeyMintedAt != nil &&
+		time.Since(*row.KeyMintedAt) >= o.KeyWindow:
+		return Redriven{}, fmt.Errorf("%w: the key was minted at %s, and a retry may run until %s past that",
+			ErrKeyMayBeForgotten, row.KeyMintedAt.UTC().Format(time.RFC3339), o.KeyWindow)
 	case row.State == outbox.StateDead: // dead, allowed, yet skipped: locked
 		return Redriven{}, ErrRowBusy
 	case row.State == outbox.StatePending && row.RedrivenAt != nil && row.Attempts == 0:
@@ -250,7 +272,7 @@ type BulkFilter struct {
 	DeadUntil   time.Time // and before; zero for no bound
 	Max         int       // at most this many rows, oldest death first
 	DryRun      bool      // say what would be redriven, change nothing
-	Force       bool      // new-operation also for rows not in outbox.NewKeySafe
+	Force       bool      // new-operation also for rows not in outbox.NewKeySafe; retry also for keys past KeyWindow
 }
 
 // Bulk is what a bulk redrive did, or would do.
@@ -266,7 +288,7 @@ type Bulk struct {
 func (o *Operator) RedriveMatching(ctx context.Context, f BulkFilter) (Bulk, error) {
 	ids, err := o.store.FindDead(ctx, store.DeadFilter{
 		ReasonClass: f.ReasonClass, Since: f.DeadSince, Until: f.DeadUntil, Max: f.Max,
-		NewKey: f.Mode == outbox.RedriveNewOperation, Force: f.Force, MaxRedrives: o.MaxRedrives,
+		NewKey: f.Mode == outbox.RedriveNewOperation, Force: f.Force, MaxRedrives: o.MaxRedrives, KeyWindow: o.KeyWindow,
 	})
 	if err != nil {
 		return Bulk{}, err
@@ -294,7 +316,7 @@ func (o *Operator) redrive(ctx context.Context, ids []int64, mode string, force 
 	if mode != outbox.RedriveRetry && mode != outbox.RedriveNewOperation {
 		return nil, fmt.Errorf("redrive mode %q: want %s or %s", mode, outbox.RedriveRetry, outbox.RedriveNewOperation)
 	}
-	rows, err := o.store.Redrive(ctx, ids, mode, force, o.MaxRedrives, o.actorOf(ctx))
+	rows, err := o.store.Redrive(ctx, ids, mode, force, o.MaxRedrives, o.KeyWindow, o.actorOf(ctx))
 	if err != nil {
 		return nil, err
 	}

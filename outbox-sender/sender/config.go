@@ -28,6 +28,10 @@ type Config struct {
 	BackoffMin     time.Duration // SENDER_BACKOFF_MIN
 	BackoffMax     time.Duration // SENDER_BACKOFF_MAX
 	MaxAge         time.Duration // SENDER_MAX_AGE
+	// UsersInboxRetention is how long the Users the sender calls keeps a
+	// key (its USERS_INBOX_RETENTION): a retry redrive is refused for a
+	// key too old for Users to remember until the retry ends.
+	UsersInboxRetention time.Duration // SENDER_USERS_INBOX_RETENTION
 	// Delivered rows are deleted after DeliveredRetention, so the outbox
 	// stays small; dead rows are kept until a person redrives them.
 	DeliveredRetention time.Duration // SENDER_DELIVERED_RETENTION
@@ -120,6 +124,9 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		BackoffMin:  e.Duration("SENDER_BACKOFF_MIN", 500*time.Millisecond, time.Millisecond, time.Hour),
 		BackoffMax:  e.Duration("SENDER_BACKOFF_MAX", 5*time.Minute, time.Millisecond, 24*time.Hour),
 		MaxAge:      e.Duration("SENDER_MAX_AGE", 72*time.Hour, time.Second, 10*365*24*time.Hour),
+		// Users' own default; a deployment that changes one changes both
+		// (deploy/calls_test.go holds compose to it).
+		UsersInboxRetention: e.Duration("SENDER_USERS_INBOX_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		// A week of delivered rows answers "what happened to this
 		// student?" for the recent past; the history goes with them.
 		DeliveredRetention: e.Duration("SENDER_DELIVERED_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
@@ -155,6 +162,11 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		"SENDER_CDC_SLOT=%q: want 1 to 63 lower-case letters, digits or underscores (PostgreSQL's rule for slot names)", c.CDCSlot)
 	c.UsersToken = auth.TokenVar(e, "SENDER_USERS_TOKEN")
 	c.Operators = auth.CallersVar(e, "SENDER_ADMIN_TOKENS", "operator", "name:token")
+	// Users must remember a key for the whole retry horizon, or a retry
+	// it forgot would look like a new operation.
+	e.Check(c.UsersInboxRetention > c.MaxAge,
+		"SENDER_USERS_INBOX_RETENTION=%s must be longer than SENDER_MAX_AGE=%s: Users must remember a key for as long as the sender may send it",
+		c.UsersInboxRetention, c.MaxAge)
 	e.Check(c.BackoffMin <= c.BackoffMax, "SENDER_BACKOFF_MIN=%s must not exceed SENDER_BACKOFF_MAX=%s", c.BackoffMin, c.BackoffMax)
 	// A claimed row waits for a free worker at most one batch's worth of
 	// requests, then takes at most one request timeout. The lease must cover
@@ -185,3 +197,8 @@ func validSlotName(name string) bool {
 	}
 	return true
 }
+
+// KeyWindow is how long after its key was minted a dead row may still be
+// retried with it: a retry sends the key for another SENDER_MAX_AGE, and
+// Users must remember it until then.
+func (c Config) KeyWindow() time.Duration { return c.UsersInboxRetention - c.MaxAge }

@@ -51,7 +51,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		DatabaseTimeout: cfg.DatabaseTimeout,
 		MaxConns:        int32(cfg.DBMaxConns),      //nolint:gosec // at most 1000 (config.go)
 		AdminMaxConns:   int32(cfg.AdminDBMaxConns), //nolint:gosec // at most 100 (config.go)
-		Commands:        map[string]service.Command{"dead": deadletter.Command(cfg.DatabaseTimeout, cfg.MaxRedrives)},
+		Commands:        map[string]service.Command{"dead": deadletter.Command(cfg.DatabaseTimeout, cfg.MaxRedrives, cfg.KeyWindow())},
 		Start: func(log *slog.Logger, pools service.Pools) []service.Part {
 			pool := pools.Main
 			log = log.With(slog.String("sender_id", cfg.ID))
@@ -91,6 +91,7 @@ func adminRouter(log *slog.Logger, pool *pgxpool.Pool, r *Relay) chi.Router {
 	admin := httpapi.NewAdminRouter(log, pool.Ping, "SENDER_ADMIN_ALLOWED_HOSTS", r.cfg.AdminAllowedHosts)
 	op := deadletter.New(pool, "admin-api@"+r.cfg.ID, r.cfg.DatabaseTimeout)
 	op.MaxRedrives = r.cfg.MaxRedrives
+	op.KeyWindow = r.cfg.KeyWindow()
 	// A scrape never fails whole: the outbox's figures leave themselves
 	// out while the database is down, and MetricsRoute covers any other
 	// collector that fails.

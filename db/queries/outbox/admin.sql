@@ -19,7 +19,7 @@ LIMIT @page_size;
 -- name: GetOutboxRow :one
 SELECT o.id, o.idempotency_key, o.previous_keys, o.operation, o.student_id, o.state,
        o.attempts, o.attempts_before_redrive, o.reason_class, o.last_error, o.available_at, o.claimed_by, o.created_at,
-       o.age_from, o.delivered_at, o.dead_at, o.redrives, o.redriven_at,
+       o.age_from, o.delivered_at, o.dead_at, o.redrives, o.redriven_at, o.key_minted_at,
        s.name AS student_name, s.user_id AS student_user_id
 FROM outbox o
 JOIN students s ON s.id = o.student_id
@@ -33,13 +33,14 @@ ORDER BY id;
 
 -- name: FindDead :many
 -- The dead rows a bulk redrive would take, oldest death first (with the
--- same rules as Redrive for a new key and the redrive limit; @new_key_safe
--- is outbox.NewKeySafe).
+-- same rules as Redrive for a new key, a key's age and the redrive limit;
+-- @new_key_safe is outbox.NewKeySafe).
 SELECT o.id
 FROM outbox o
 WHERE o.state = 'dead' AND o.redrives < @max_redrives::integer
   AND (@reason_class::text = '' OR o.reason_class = @reason_class::text)
   AND (NOT @new_key::boolean OR @force::boolean OR o.reason_class = ANY(@new_key_safe::text[]))
+  AND (@new_key::boolean OR @force::boolean OR o.key_minted_at > now() - @key_window::interval)
   AND o.dead_at >= @since::timestamptz AND o.dead_at < @until::timestamptz
 ORDER BY o.dead_at, o.id
 LIMIT @max_rows;
@@ -51,7 +52,11 @@ LIMIT @max_rows;
 -- Rows that are no longer dead (another redrive won) are left alone, and so
 -- is a new key for a row whose old key may have created a user (the answer
 -- was lost, or never judged): only a refusal of Users' is safe to ask anew,
--- unless the operator forces it after checking Users. A row redriven
+-- unless the operator forces it after checking Users. A retry keeps the
+-- key, and sends it for another SENDER_MAX_AGE: it is left alone when the
+-- key was minted more than @key_window ago (USERS_INBOX_RETENTION minus
+-- SENDER_MAX_AGE), since Users may forget the key before that horizon
+-- ends, and a key it forgot looks new; again unless forced. A row redriven
 -- @max_redrives times already stays dead. A row another transaction has
 -- locked is skipped, not waited for: the caller tells the operator to try
 -- again, and no admin request queues behind a lock it cannot see.
@@ -61,11 +66,13 @@ SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redri
     dead_at = NULL, lease_token = NULL, claimed_by = NULL, last_error = NULL, reason_class = NULL,
     redrives = o.redrives + 1, redriven_at = now(),
     previous_keys = CASE WHEN @new_key::boolean THEN o.previous_keys || o.idempotency_key ELSE o.previous_keys END,
-    idempotency_key = CASE WHEN @new_key::boolean THEN gen_random_uuid() ELSE o.idempotency_key END
+    idempotency_key = CASE WHEN @new_key::boolean THEN gen_random_uuid() ELSE o.idempotency_key END,
+    key_minted_at = CASE WHEN @new_key::boolean THEN now() ELSE o.key_minted_at END
 FROM (
     SELECT id, attempts FROM outbox
     WHERE id = ANY(@ids::bigint[]) AND state = 'dead' AND redrives < @max_redrives::integer
       AND (NOT @new_key::boolean OR @force::boolean OR reason_class = ANY(@new_key_safe::text[]))
+      AND (@new_key::boolean OR @force::boolean OR key_minted_at > now() - @key_window::interval)
     FOR UPDATE SKIP LOCKED
 ) d
 WHERE o.id = d.id

@@ -19,9 +19,10 @@ FROM outbox o
 WHERE o.state = 'dead' AND o.redrives < $1::integer
   AND ($2::text = '' OR o.reason_class = $2::text)
   AND (NOT $3::boolean OR $4::boolean OR o.reason_class = ANY($5::text[]))
-  AND o.dead_at >= $6::timestamptz AND o.dead_at < $7::timestamptz
+  AND ($3::boolean OR $4::boolean OR o.key_minted_at > now() - $6::interval)
+  AND o.dead_at >= $7::timestamptz AND o.dead_at < $8::timestamptz
 ORDER BY o.dead_at, o.id
-LIMIT $8
+LIMIT $9
 `
 
 type FindDeadParams struct {
@@ -30,14 +31,15 @@ type FindDeadParams struct {
 	NewKey      bool
 	Force       bool
 	NewKeySafe  []string
+	KeyWindow   time.Duration
 	Since       time.Time
 	Until       time.Time
 	MaxRows     int32
 }
 
 // The dead rows a bulk redrive would take, oldest death first (with the
-// same rules as Redrive for a new key and the redrive limit; @new_key_safe
-// is outbox.NewKeySafe).
+// same rules as Redrive for a new key, a key's age and the redrive limit;
+// @new_key_safe is outbox.NewKeySafe).
 func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]int64, error) {
 	rows, err := db.Query(ctx, findDead,
 		arg.MaxRedrives,
@@ -45,6 +47,7 @@ func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]
 		arg.NewKey,
 		arg.Force,
 		arg.NewKeySafe,
+		arg.KeyWindow,
 		arg.Since,
 		arg.Until,
 		arg.MaxRows,
@@ -70,7 +73,7 @@ func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]
 const getOutboxRow = `-- name: GetOutboxRow :one
 SELECT o.id, o.idempotency_key, o.previous_keys, o.operation, o.student_id, o.state,
        o.attempts, o.attempts_before_redrive, o.reason_class, o.last_error, o.available_at, o.claimed_by, o.created_at,
-       o.age_from, o.delivered_at, o.dead_at, o.redrives, o.redriven_at,
+       o.age_from, o.delivered_at, o.dead_at, o.redrives, o.redriven_at, o.key_minted_at,
        s.name AS student_name, s.user_id AS student_user_id
 FROM outbox o
 JOIN students s ON s.id = o.student_id
@@ -96,6 +99,7 @@ type GetOutboxRowRow struct {
 	DeadAt                pgtype.Timestamptz
 	Redrives              int32
 	RedrivenAt            pgtype.Timestamptz
+	KeyMintedAt           time.Time
 	StudentName           string
 	StudentUserID         uuid.NullUUID
 }
@@ -122,6 +126,7 @@ func (q *Queries) GetOutboxRow(ctx context.Context, db DBTX, id int64) (GetOutbo
 		&i.DeadAt,
 		&i.Redrives,
 		&i.RedrivenAt,
+		&i.KeyMintedAt,
 		&i.StudentName,
 		&i.StudentUserID,
 	)
@@ -275,11 +280,13 @@ SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redri
     dead_at = NULL, lease_token = NULL, claimed_by = NULL, last_error = NULL, reason_class = NULL,
     redrives = o.redrives + 1, redriven_at = now(),
     previous_keys = CASE WHEN $1::boolean THEN o.previous_keys || o.idempotency_key ELSE o.previous_keys END,
-    idempotency_key = CASE WHEN $1::boolean THEN gen_random_uuid() ELSE o.idempotency_key END
+    idempotency_key = CASE WHEN $1::boolean THEN gen_random_uuid() ELSE o.idempotency_key END,
+    key_minted_at = CASE WHEN $1::boolean THEN now() ELSE o.key_minted_at END
 FROM (
     SELECT id, attempts FROM outbox
     WHERE id = ANY($2::bigint[]) AND state = 'dead' AND redrives < $3::integer
       AND (NOT $1::boolean OR $4::boolean OR reason_class = ANY($5::text[]))
+      AND ($1::boolean OR $4::boolean OR key_minted_at > now() - $6::interval)
     FOR UPDATE SKIP LOCKED
 ) d
 WHERE o.id = d.id
@@ -292,6 +299,7 @@ type RedriveParams struct {
 	MaxRedrives int32
 	Force       bool
 	NewKeySafe  []string
+	KeyWindow   time.Duration
 }
 
 type RedriveRow struct {
@@ -306,7 +314,11 @@ type RedriveRow struct {
 // Rows that are no longer dead (another redrive won) are left alone, and so
 // is a new key for a row whose old key may have created a user (the answer
 // was lost, or never judged): only a refusal of Users' is safe to ask anew,
-// unless the operator forces it after checking Users. A row redriven
+// unless the operator forces it after checking Users. A retry keeps the
+// key, and sends it for another SENDER_MAX_AGE: it is left alone when the
+// key was minted more than @key_window ago (USERS_INBOX_RETENTION minus
+// SENDER_MAX_AGE), since Users may forget the key before that horizon
+// ends, and a key it forgot looks new; again unless forced. A row redriven
 // @max_redrives times already stays dead. A row another transaction has
 // locked is skipped, not waited for: the caller tells the operator to try
 // again, and no admin request queues behind a lock it cannot see.
@@ -317,6 +329,7 @@ func (q *Queries) Redrive(ctx context.Context, db DBTX, arg RedriveParams) ([]Re
 		arg.MaxRedrives,
 		arg.Force,
 		arg.NewKeySafe,
+		arg.KeyWindow,
 	)
 	if err != nil {
 		return nil, err

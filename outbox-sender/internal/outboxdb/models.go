@@ -46,6 +46,7 @@ type Outbox struct {
 	StateAt               pgtype.Timestamptz
 	TraceParent           pgtype.Text
 	AttemptsBeforeRedrive int32
+	KeyMintedAt           time.Time
 }
 
 type OutboxEvent struct {

@@ -42,6 +42,7 @@ type Entry struct {
 	Redrives              int
 	RedrivenAt            *time.Time
 	AvailableAt           time.Time // Get only
+	KeyMintedAt           time.Time // Get only: when the current key was minted
 	ClaimedBy             *string   // Get only
 	History               []Event   // Get only
 	// StateAt is when the row reached its state: what List orders by.
@@ -129,7 +130,7 @@ func (s *Store) Get(ctx context.Context, id int64) (Entry, error) {
 			ReasonClass: nullText(r.ReasonClass), LastError: nullText(r.LastError),
 			CreatedAt: r.CreatedAt, DeliveredAt: nullTime(r.DeliveredAt), DeadAt: nullTime(r.DeadAt),
 			Redrives: int(r.Redrives), RedrivenAt: nullTime(r.RedrivenAt),
-			AvailableAt: r.AvailableAt, ClaimedBy: nullText(r.ClaimedBy), History: []Event{},
+			AvailableAt: r.AvailableAt, ClaimedBy: nullText(r.ClaimedBy), KeyMintedAt: r.KeyMintedAt, History: []Event{},
 		}
 		events, err := s.q.ListEvents(ctx, tx, id)
 		if err != nil {
@@ -157,6 +158,9 @@ type DeadFilter struct {
 	NewKey, Force bool
 	// MaxRedrives leaves out the rows redriven that many times already.
 	MaxRedrives int
+	// KeyWindow: a retry leaves out the rows whose key was minted longer
+	// ago than this, unless Force (see Redrive).
+	KeyWindow time.Duration
 }
 
 // FindDead returns the ids of the dead rows f matches.
@@ -166,6 +170,7 @@ func (s *Store) FindDead(ctx context.Context, f DeadFilter) ([]int64, error) {
 	ids, err := s.q.FindDead(ctx, s.pool, outboxdb.FindDeadParams{
 		ReasonClass: f.ReasonClass, Since: f.Since, Until: orFarFuture(f.Until), MaxRows: int32(f.Max), //nolint:gosec // Max is bounded by the admin API
 		NewKey: f.NewKey, Force: f.Force, NewKeySafe: outbox.NewKeySafe, MaxRedrives: int32(f.MaxRedrives), //nolint:gosec // bounded by SENDER_MAX_REDRIVES
+		KeyWindow: f.KeyWindow,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("find dead rows: %w", database.Classify(err))
@@ -183,10 +188,12 @@ type Redriven struct {
 // attempts and SENDER_MAX_AGE counted afresh, and writes a redrive event,
 // naming actor, to each one's history, in one transaction. In
 // outbox.RedriveNewOperation mode each row gets a new key, except where the
-// old key may have created a user, unless force. Rows redriven maxRedrives
-// times already, and rows another transaction has locked, are left as they
-// are. Then it wakes the senders.
-func (s *Store) Redrive(ctx context.Context, ids []int64, mode string, force bool, maxRedrives int, actor string) ([]Redriven, error) {
+// old key may have created a user, unless force. In outbox.RedriveRetry
+// mode a row keeps its key, except where the key was minted more than
+// keyWindow ago, unless force: Users may forget it before the new attempts
+// end. Rows redriven maxRedrives times already, and rows another
+// transaction has locked, are left as they are. Then it wakes the senders.
+func (s *Store) Redrive(ctx context.Context, ids []int64, mode string, force bool, maxRedrives int, keyWindow time.Duration, actor string) ([]Redriven, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
 	var done []Redriven
@@ -194,6 +201,7 @@ func (s *Store) Redrive(ctx context.Context, ids []int64, mode string, force boo
 		rows, err := s.q.Redrive(ctx, tx, outboxdb.RedriveParams{
 			NewKey: mode == outbox.RedriveNewOperation, Force: force, Ids: ids, NewKeySafe: outbox.NewKeySafe,
 			MaxRedrives: int32(maxRedrives), //nolint:gosec // bounded by SENDER_MAX_REDRIVES
+			KeyWindow:   keyWindow,
 		})
 		if err != nil {
 			return fmt.Errorf("redrive: %w", err)

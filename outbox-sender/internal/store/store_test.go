@@ -187,7 +187,7 @@ func TestNewKeySafeIsTheStoresRule(t *testing.T) {
 	ids, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true, MaxRedrives: 10})
 	require.NoError(t, err)
 	require.Len(t, ids, len(outbox.NewKeySafe))
-	done, err := st.Redrive(ctx, ids, outbox.RedriveNewOperation, false, 10, "test")
+	done, err := st.Redrive(ctx, ids, outbox.RedriveNewOperation, false, 10, time.Hour, "test")
 	require.NoError(t, err)
 	require.Len(t, done, len(outbox.NewKeySafe))
 	require.Equal(t, len(outbox.NewKeySafe), count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'pending' AND cardinality(previous_keys) = 1"))
