@@ -13,7 +13,7 @@ PACKAGES := ./... ./lab/... ./deploy/... ./e2e/...
 SQLC := GOWORK=off $(GO) tool -modfile=tools/go.mod sqlc
 LINT  = $(shell GOWORK=off $(GO) tool -modfile=tools/golangci-lint/go.mod -n golangci-lint)
 
-.PHONY: help run test e2e bench soak lint generate check-generated vet fmt-check build ci
+.PHONY: help run test e2e model bench soak lint generate check-generated vet fmt-check build ci
 
 ## help: list the commands
 help:
@@ -36,6 +36,10 @@ test:
 ## e2e: the fault-injection suite: real binaries, real clusters, a fault proxy
 e2e:
 	$(GO) test -tags e2e -count=1 -timeout 20m -v ./e2e/
+
+## model: SPIN checks the delivery protocol's model: each property holds, each mutation breaks one (about a minute; needs spin and gcc)
+model:
+	$(GO) run ./model/check
 
 ## bench: the real binaries with shipped defaults against the database-only bound: intake, burndown, latency, idle CPU, for both sources of new rows (about 10 min)
 bench:
@@ -73,4 +77,4 @@ build:
 	CGO_ENABLED=0 $(GO) build -o bin/ ./services/student ./services/users ./outbox-sender ./lab
 
 ## ci: what .ci/run runs, in order
-ci: fmt-check vet lint check-generated test e2e
+ci: fmt-check vet lint check-generated model test e2e
