@@ -239,7 +239,7 @@ func Numbered(steps []string) string {
 // run runs a tool at the lowest priority: a search takes whole cores for
 // a minute, and make test runs it beside tests that measure latency.
 func run(ctx context.Context, dir, name string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "nice", append([]string{"-n", "19", name}, args...)...)
+	cmd := exec.CommandContext(ctx, "nice", append([]string{"-n", "19", name}, args...)...) //nolint:gosec // the tools and their arguments are this package's own
 	cmd.Dir = dir
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
