@@ -113,8 +113,9 @@ var problemTypes = []ProblemType{
 		About: "A retry sends the row's idempotency key again, for another SENDER_MAX_AGE. This key was minted " +
 			"longer ago than USERS_INBOX_RETENTION minus SENDER_MAX_AGE, so Users may forget it before the retry " +
 			"ends, and a key Users forgot looks new: if it created the user, the retry would create a second one.",
-		Action: "Look the student up in Users by its document number. If a user exists, the operation happened; " +
-			"otherwise redrive with \"force\": true.",
+		Action: "Look in Users for a user with the student's name, email and document number: if one exists, the " +
+			"operation happened (link it by hand; no redrive does). If no user holds the document number, redrive " +
+			"with \"force\": true.",
 	},
 	{
 		URI: TypeRedriveLimit, Title: "Redrive limit reached", Status: http.StatusConflict,

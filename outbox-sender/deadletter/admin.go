@@ -174,7 +174,7 @@ func answer(err error, id int64) error {
 			fmt.Sprintf("outbox row %d: %v; redrive with retry, or check Users for the row's keys and send \"force\": true", id, err))
 	case errors.Is(err, ErrKeyMayBeForgotten):
 		return httpapi.NewProblem(httpapi.TypeKeyMayBeForgotten,
-			fmt.Sprintf("outbox row %d: %v; look its student up in Users, and when no user exists send \"force\": true", id, err))
+			fmt.Sprintf("outbox row %d: %v; look in Users for the student's user, and when no user holds its document number send \"force\": true", id, err))
 	case errors.Is(err, ErrRedriveLimit):
 		return httpapi.NewProblem(httpapi.TypeRedriveLimit,
 			fmt.Sprintf("outbox row %d stays dead: %v; read its history for the cause", id, err))

@@ -51,8 +51,13 @@ var (
 const DefaultMaxRedrives = 10
 
 // DefaultKeyWindow is KeyWindow under the shipped defaults:
-// USERS_INBOX_RETENTION (168h) minus SENDER_MAX_AGE (72h).
-const DefaultKeyWindow = 96 * time.Hour
+// USERS_INBOX_RETENTION (168h) minus SENDER_MAX_AGE (72h), SENDER_LEASE
+// (30s), SENDER_REQUEST_TIMEOUT (5s) and KeyClockSlack (5m).
+const DefaultKeyWindow = 96*time.Hour - 30*time.Second - 5*time.Second - KeyClockSlack
+
+// KeyClockSlack is what KeyWindow leaves for the two databases' clocks to
+// disagree: the key's age is judged by Student's, Users' purge by its own.
+const KeyClockSlack = 5 * time.Minute
 
 // Operator reads and redrives outbox rows.
 type Operator struct {
@@ -123,7 +128,10 @@ type Row struct {
 	AvailableAt *time.Time `json:"available_at,omitempty"`
 	KeyMintedAt *time.Time `json:"key_minted_at,omitempty"` // when the current key was minted
 	ClaimedBy   *string    `json:"claimed_by,omitempty"`
-	History     []Event    `json:"history,omitempty"`
+	// keyAge is how old the key is by the database's clock, which is
+	// the clock Redrive judges by.
+	keyAge  time.Duration
+	History []Event `json:"history,omitempty"`
 }
 
 // RowStudent is the student an outbox row works for.
@@ -212,7 +220,7 @@ func (o *Operator) Get(ctx context.Context, id int64) (Row, error) {
 	if e.State == outbox.StatePending { // when it is next due; meaningless once settled
 		row.AvailableAt = &e.AvailableAt
 	}
-	row.KeyMintedAt = &e.KeyMintedAt
+	row.KeyMintedAt, row.keyAge = &e.KeyMintedAt, e.KeyAge
 	return row, nil
 }
 
@@ -247,9 +255,8 @@ func (o *Operator) Redrive(ctx context.Context, id int64, mode string, force boo
 	case row.State == outbox.StateDead && mode == outbox.RedriveNewOperation && !force &&
 		(row.ReasonClass == nil || !slices.Contains(outbox.NewKeySafe, *row.ReasonClass)):
 		return Redriven{}, fmt.Errorf("%w; this row is dead as %s", ErrNewKeyUnsafe, deref(row.ReasonClass))
-	case row.State == outbox.StateDead && mode == outbox.RedriveRetry && !force && row.KeyMintedAt != nil &&
-		time.Since(*row.KeyMintedAt) >= o.KeyWindow:
-		return Redriven{}, fmt.Errorf("%w: the key was minted at %s, and a retry may run until %s past that",
+	case row.State == outbox.StateDead && mode == outbox.RedriveRetry && !force && row.keyAge >= o.KeyWindow:
+		return Redriven{}, fmt.Errorf("%w: the key was minted at %s, and a retry may start only within %s of that",
 			ErrKeyMayBeForgotten, row.KeyMintedAt.UTC().Format(time.RFC3339), o.KeyWindow)
 	case row.State == outbox.StateDead: // dead, allowed, yet skipped: locked
 		return Redriven{}, ErrRowBusy

@@ -32,7 +32,9 @@ func (e *Engine) claim(ctx context.Context, f Feed, tokens chan struct{}, jobs c
 		rows, err := f.Claim(context.WithoutCancel(ctx), n)
 		last = Claimed{Asked: n, Got: len(rows), Err: err}
 		for i := range rows {
-			rows[i].LeaseEnds = leaseEnds
+			if e.cfg.Lease.For > 0 {
+				rows[i].LeaseEnds = leaseEnds
+			}
 		}
 		e.metrics.claimed.Add(float64(len(rows)))
 		if len(rows) > 0 {

@@ -56,7 +56,7 @@ func (e *Engine) deliver(ctx context.Context, row store.Row) (store.Result, int)
 		return store.Result{Row: row, Outcome: dead, Class: outbox.ReasonExpired,
 			Error: fmt.Sprintf("gave up: the operation is older than SENDER_MAX_AGE=%s", e.cfg.Lease.MaxAge)}, 0
 	}
-	if !row.LeaseEnds.IsZero() && !time.Now().Before(row.LeaseEnds) {
+	if lapsed(row.LeaseEnds, time.Now()) {
 		e.log.LogAttrs(ctx, slog.LevelWarn, "lease ran out before the send: handed back unsent",
 			append(RowAttrs(row), slog.Time("lease_ended", row.LeaseEnds))...)
 		return store.Result{Row: row, Outcome: released, Lapsed: true}, 0
@@ -110,4 +110,15 @@ func RowAttrs(row store.Row) []slog.Attr {
 		slog.String("student_id", row.StudentID.String()),
 		slog.Int("attempt", row.Attempts),
 	}
+}
+
+// lapsed says whether a lease ending at ends has run out at now. Both
+// clocks are asked: the monotonic one (which a wall clock set back cannot
+// fool) and the wall clock (which, unlike the monotonic one on Linux, goes
+// on while the machine is suspended). A zero ends is no lease known.
+func lapsed(ends, now time.Time) bool {
+	if ends.IsZero() {
+		return false
+	}
+	return !now.Before(ends) || !now.Round(0).Before(ends.Round(0))
 }

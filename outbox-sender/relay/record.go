@@ -142,8 +142,9 @@ func (e *Engine) recorded(ctx context.Context, batch []store.Result, rec store.R
 // settled tells the source that a batch's rows are settled: their answers
 // are recorded, or, if recording failed for good, their leases will bring
 // them back to the table. Rows handed back unsent at shutdown are not;
-// rows handed back because their lease ran out are (the table carries
-// them, due now).
+// rows handed back because their lease ran out are: the table carries
+// them again (due now; with change data capture, the table's claim takes
+// them after SENDER_CDC_GRACE, as it does any row not yet tried).
 func (e *Engine) settled(batch []store.Result) {
 	ids := make([]int64, 0, len(batch))
 	for _, r := range batch {

@@ -241,3 +241,16 @@ func TestNothingSentAfterTheLease(t *testing.T) {
 	e.settled([]store.Result{{Row: store.Row{ID: 1}, Outcome: released, Lapsed: true}, {Row: store.Row{ID: 2}, Outcome: released}})
 	require.Equal(t, []int64{1}, src.settled, "a lapsed row is settled, one handed back at shutdown is not")
 }
+
+// TestLapsed: no lease known never lapses; a lease lapses at its end.
+// (The wall-clock half, for a machine that was suspended, cannot be
+// driven from a test: Go builds no time whose monotonic reading lags its
+// wall clock.)
+func TestLapsed(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	require.False(t, lapsed(time.Time{}, now), "no lease known")
+	require.False(t, lapsed(now.Add(time.Second), now))
+	require.True(t, lapsed(now, now))
+	require.True(t, lapsed(now.Add(-time.Second), now))
+}

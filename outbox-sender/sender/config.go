@@ -164,9 +164,9 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	c.Operators = auth.CallersVar(e, "SENDER_ADMIN_TOKENS", "operator", "name:token")
 	// Users must remember a key for the whole retry horizon, or a retry
 	// it forgot would look like a new operation.
-	e.Check(c.UsersInboxRetention > c.MaxAge,
-		"SENDER_USERS_INBOX_RETENTION=%s must be longer than SENDER_MAX_AGE=%s: Users must remember a key for as long as the sender may send it",
-		c.UsersInboxRetention, c.MaxAge)
+	e.Check(c.KeyWindow() > 0,
+		"SENDER_USERS_INBOX_RETENTION=%s must be longer than SENDER_MAX_AGE=%s plus SENDER_LEASE=%s, SENDER_REQUEST_TIMEOUT=%s and %s for the clocks: Users must remember a key for as long as the sender may send it",
+		c.UsersInboxRetention, c.MaxAge, c.Lease, c.RequestTimeout, deadletter.KeyClockSlack)
 	e.Check(c.BackoffMin <= c.BackoffMax, "SENDER_BACKOFF_MIN=%s must not exceed SENDER_BACKOFF_MAX=%s", c.BackoffMin, c.BackoffMax)
 	// A claimed row waits for a free worker at most one batch's worth of
 	// requests, then takes at most one request timeout. The lease must cover
@@ -199,6 +199,10 @@ func validSlotName(name string) bool {
 }
 
 // KeyWindow is how long after its key was minted a dead row may still be
-// retried with it: a retry sends the key for another SENDER_MAX_AGE, and
-// Users must remember it until then.
-func (c Config) KeyWindow() time.Duration { return c.UsersInboxRetention - c.MaxAge }
+// retried with it. A retry's last claim comes up to SENDER_MAX_AGE after
+// it starts, its send within the lease, and the request reaches Users
+// within the request timeout: Users must remember the key until then, by
+// a clock that may be a little off Student's.
+func (c Config) KeyWindow() time.Duration {
+	return c.UsersInboxRetention - c.MaxAge - c.Lease - c.RequestTimeout - deadletter.KeyClockSlack
+}

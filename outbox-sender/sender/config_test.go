@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 	"github.com/outboxref/outboxref/testkit/apitest"
 )
 
@@ -22,12 +23,15 @@ func TestConfig(t *testing.T) {
 	// even if every delay were the shortest a capped backoff can draw (half
 	// of SENDER_BACKOFF_MAX), the attempts would outlast the age.
 	require.Greater(t, time.Duration(cfg.MaxAttempts)*(cfg.BackoffMax/2), cfg.MaxAge)
+	// The admin API's and the dead command's default is the defaults' window.
+	require.Equal(t, deadletter.DefaultKeyWindow, cfg.KeyWindow())
 
 	for _, bad := range [][]string{
 		{"SENDER_BATCH_SIZE", "0"},
 		{"SENDER_CONCURRENCY", "many"},
 		{"SENDER_USERS_URL", "users:8081"},
 		{"SENDER_LEASE", "2s"},
+		{"SENDER_USERS_INBOX_RETENTION", "72h"},
 		{"SENDER_BACKOFF_MIN", "10m"},
 		{"SENDER_SOURCE", "stream"},
 		{"SENDER_CDC_SLOT", "Outbox-Slot"},

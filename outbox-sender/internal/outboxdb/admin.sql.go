@@ -74,6 +74,8 @@ const getOutboxRow = `-- name: GetOutboxRow :one
 SELECT o.id, o.idempotency_key, o.previous_keys, o.operation, o.student_id, o.state,
        o.attempts, o.attempts_before_redrive, o.reason_class, o.last_error, o.available_at, o.claimed_by, o.created_at,
        o.age_from, o.delivered_at, o.dead_at, o.redrives, o.redriven_at, o.key_minted_at,
+       -- By the database's clock, as Redrive judges it.
+       (now() - o.key_minted_at)::interval AS key_age,
        s.name AS student_name, s.user_id AS student_user_id
 FROM outbox o
 JOIN students s ON s.id = o.student_id
@@ -100,6 +102,7 @@ type GetOutboxRowRow struct {
 	Redrives              int32
 	RedrivenAt            pgtype.Timestamptz
 	KeyMintedAt           time.Time
+	KeyAge                time.Duration
 	StudentName           string
 	StudentUserID         uuid.NullUUID
 }
@@ -127,6 +130,7 @@ func (q *Queries) GetOutboxRow(ctx context.Context, db DBTX, id int64) (GetOutbo
 		&i.Redrives,
 		&i.RedrivenAt,
 		&i.KeyMintedAt,
+		&i.KeyAge,
 		&i.StudentName,
 		&i.StudentUserID,
 	)

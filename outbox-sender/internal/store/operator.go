@@ -41,10 +41,11 @@ type Entry struct {
 	DeadAt                *time.Time
 	Redrives              int
 	RedrivenAt            *time.Time
-	AvailableAt           time.Time // Get only
-	KeyMintedAt           time.Time // Get only: when the current key was minted
-	ClaimedBy             *string   // Get only
-	History               []Event   // Get only
+	AvailableAt           time.Time     // Get only
+	KeyMintedAt           time.Time     // Get only: when the current key was minted
+	KeyAge                time.Duration // Get only: how long ago, by the database's clock
+	ClaimedBy             *string       // Get only
+	History               []Event       // Get only
 	// StateAt is when the row reached its state: what List orders by.
 	StateAt time.Time
 }
@@ -130,7 +131,7 @@ func (s *Store) Get(ctx context.Context, id int64) (Entry, error) {
 			ReasonClass: nullText(r.ReasonClass), LastError: nullText(r.LastError),
 			CreatedAt: r.CreatedAt, DeliveredAt: nullTime(r.DeliveredAt), DeadAt: nullTime(r.DeadAt),
 			Redrives: int(r.Redrives), RedrivenAt: nullTime(r.RedrivenAt),
-			AvailableAt: r.AvailableAt, ClaimedBy: nullText(r.ClaimedBy), KeyMintedAt: r.KeyMintedAt, History: []Event{},
+			AvailableAt: r.AvailableAt, ClaimedBy: nullText(r.ClaimedBy), KeyMintedAt: r.KeyMintedAt, KeyAge: r.KeyAge, History: []Event{},
 		}
 		events, err := s.q.ListEvents(ctx, tx, id)
 		if err != nil {
