@@ -75,6 +75,8 @@ var Mutations = []Mutation{
 		Defines: []string{"DEDUPE_BY_DOCUMENT"}, Breaks: "right_user"},
 	{Name: "no-lease-expiry", Says: "a claim never runs out, so a crashed sender's row waits for ever",
 		Defines: []string{"NO_LEASE_EXPIRY"}, Breaks: "settles"},
+	{Name: "send-after-lease", Says: "a sender sends a row whose lease ran out before the send",
+		Defines: []string{"SEND_AFTER_LEASE"}, Breaks: "no_orphan"},
 }
 
 // PropertyNamed returns the property called name.

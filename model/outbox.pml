@@ -4,7 +4,7 @@
  * One student, whose outbox row two senders race to deliver to Users, two
  * Users request handlers, an operator, and the passing of time. Every
  * process may crash at any step and lose its memory; every request and
- * every answer may be lost, delayed or (once) duplicated. docs/model.md
+ * every answer may be lost or delayed, and a request duplicated. docs/model.md
  * maps each step below to the Go function or SQL statement that performs
  * it, and says where and why the model simplifies.
  *
@@ -21,8 +21,11 @@
  *   DEDUPE_BY_DOCUMENT    Users answers a taken document number with its holder's user
  *   NO_DOCUMENT_RULE      Users creates a user whatever the document number
  *   NO_LEASE_EXPIRY       a claim never runs out: a crashed sender's row waits for ever
+ *   SEND_AFTER_LEASE      a sender sends a row whose lease ran out before the send
  */
 
+/* Two of each: the Clock, purgeable and the properties below name
+ * senders and handlers 0 and 1; more would need them extended too. */
 #define SENDERS      2
 #define HANDLERS     2
 #define MAX_ATTEMPTS 2   /* SENDER_MAX_ATTEMPTS */
@@ -82,7 +85,6 @@ byte  linked;           /* students.user_id: 0 is NULL, else a user number */
 byte  inbox[KEYS];      /* NO_ROW, HELD or ANSWERED */
 byte  answer[KEYS];     /* the stored answer: a user number, or 0 for a refusal */
 byte  users;            /* users created for this student's document number */
-byte  userKey[3];       /* the key each user was created under (index 1, 2) */
 bool  otherHolds;       /* another enabled user holds the document number */
 
 /* ---- time ---- */
@@ -175,9 +177,13 @@ end_idle:
 		 * row whose lease ran out before the send is handed back unsent */
 		if
 		:: tooOld -> what = TOO_OLD
+#ifndef SEND_AFTER_LEASE
 		:: atomic { !tooOld && leaseLost[me] -> what = HANDED_BACK;
 			printf("MSG: sender %d finds its lease over before sending, and sends nothing\n", me) }
 		:: atomic { !tooOld && !leaseLost[me] ->
+#else
+		:: atomic { !tooOld ->
+#endif
 				if
 				:: inFlight[myKey]++; toUsers!myKey, me; waitKey[me] = myKey + 1;
 					printf("MSG: sender %d sends K%d to Users\n", me, myKey)
@@ -348,7 +354,7 @@ claim:
 			if
 			:: documentTaken -> u = 0;
 				printf("MSG: Users handler %d finds the document number taken, the answer not yet stored\n", me)
-			:: else -> users++; userKey[users] = k; u = users;
+			:: else -> users++; u = users;
 				printf("MSG: Users handler %d commits user U%d for K%d, the answer not yet stored\n", me, u, k)
 			fi
 		};
@@ -370,7 +376,7 @@ claim:
 				u = 0;
 				printf("MSG: Users handler %d refuses K%d: the document number is taken\n", me, k)
 #endif
-			:: else -> users++; userKey[users] = k; u = users;
+			:: else -> users++; u = users;
 				printf("MSG: Users handler %d creates user U%d for K%d\n", me, u, k)
 			fi;
 			inbox[k] = ANSWERED; answer[k] = u; holding = false;
@@ -510,11 +516,8 @@ init {
 ltl one_user { [] (users <= 1) }
 /* a linked student holds the user created under one of its keys */
 ltl right_user { [] (linked == 0 || (linked != OTHER && linked <= users)) }
-/* no row is settled while a user made for its student is someone else's
- * or nobody's, whenever nothing is under way (no sender between its claim
- * and its recording, no request in flight): a late answer may still
- * settle a row that a stale write had left wrong for a moment */
-#define quiet (!busy[0] && !busy[1] && inFlight[0] == 0 && inFlight[1] == 0 && inFlight[2] == 0 && inFlight[3] == 0)
-ltl no_orphan { [] (quiet -> !(orphan(1) || orphan(2))) }
-/* once the faults are spent, every row ends linked or dead and stays so (weak fairness) */
+/* no row is settled while a user made for its student is someone else's or nobody's */
+ltl no_orphan { [] !(orphan(1) || orphan(2)) }
+/* once the faults are spent, every row ends linked or dead and stays so;
+ * checked for every run, fair or not */
 ltl settles { <> [] settled }
