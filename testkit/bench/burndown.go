@@ -148,49 +148,61 @@ func verifyLinked(ctx context.Context, d *databases, want int) error {
 // the clock starts as the sender is started again. It then reads the
 // backlog from the WAL (the seed's transactions of seedChunk rows), and its
 // poll claims whatever is older than the grace by then, as it would.
-func (b *bench) burndownReal(ctx context.Context, rows int, source string) (float64, error) {
+//
+// cpu is the whole system's CPU per row (Users, the sender and PostgreSQL's
+// processes, from the sender's start to the last link; b.cpuSince), -1
+// when not measured.
+func (b *bench) burndownReal(ctx context.Context, rows int, source string) (rate float64, cpu time.Duration, err error) {
 	d, err := b.freshDatabases(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer b.drop(d)
 	if source != sourceCDC {
 		if err := seed(ctx, d.studentAdmin, rows); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	sys, err := b.start(ctx, d, which{users: true, source: source}, nil)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer sys.stop()
 	if source == sourceCDC {
 		if err := sys.launch(ctx, senderBin); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if err := sys.waitStreaming(ctx); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		b.procs.stop(sys.sender)
 		sys.sender = nil
 		if err := seed(ctx, d.studentAdmin, rows); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	// The clock starts as the sender is started: its start-up is part of
 	// burning the backlog down.
 	start := time.Now()
 	if err := sys.launch(ctx, senderBin); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
+	// From just after the launch: the sender's own start-up before this
+	// is a few milliseconds of CPU against seconds of burndown.
+	spent := b.cpuSince(sys)
 	end, err := waitLinked(ctx, d.studentAdmin, rows, 10*time.Minute, sys.alive)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
+	total, _ := spent()
 	if err := verifyLinked(ctx, d, rows); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(rows) / end.Sub(start).Seconds(), nil
+	cpu = -1
+	if total >= 0 {
+		cpu = total / time.Duration(rows)
+	}
+	return float64(rows) / end.Sub(start).Seconds(), cpu, nil
 }
 
 // burndownBound does the sender's and Users' database work for the same

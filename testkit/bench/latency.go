@@ -85,6 +85,12 @@ type latencyResult struct {
 	// claimRows and recordRows are the mean rows per claim and per
 	// recording transaction over the run (system.batchSizes).
 	claimRows, recordRows float64
+	// cpuPerStudent is the whole system's CPU (Student, Users, the sender
+	// and PostgreSQL's processes; not the load generator) over the run,
+	// per student sent; usersPerRequest is Users' process alone per
+	// student (one create-user request each, retries aside). Both -1 when
+	// not measured.
+	cpuPerStudent, usersPerRequest time.Duration
 }
 
 // tailStages splits the latency of the slowest 1% of a run (those at or
@@ -162,6 +168,7 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	defer client.CloseIdleConnections()
 	count := int64(math.Round((warmup + duration).Seconds() * rate))
 	serverCPU := b.serverCPUSince()
+	spent := b.cpuSince(sys)
 	err = openLoop(ctx, client, sys.studentURL(), rate, count, 2048, func(n int64, at time.Time, id uuid.UUID) {
 		sent.Add(1)
 		if n < firstMeasured {
@@ -177,6 +184,7 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	if _, err := waitLinked(ctx, d.studentAdmin, int(sent.Load()), 60*time.Second, sys.alive); err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
 	}
+	total, byProc := spent()
 	claimRows, recordRows, err := sys.batchSizes(ctx)
 	if err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
@@ -229,7 +237,15 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	slices.Sort(lat)
 	late := len(lat) - sort.Search(len(lat), func(i int) bool { return lat[i] >= cdcGrace })
 	res := latencyResult{p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99), students: len(lat), slotLagMax: slotLag, serverCPU: serverPct, late: late,
-		claimRows: claimRows, recordRows: recordRows}
+		claimRows: claimRows, recordRows: recordRows, cpuPerStudent: -1, usersPerRequest: -1}
+	if n := time.Duration(sent.Load()); n > 0 {
+		if total >= 0 {
+			res.cpuPerStudent = total / n
+		}
+		if users, ok := byProc[usersBin]; ok {
+			res.usersPerRequest = users / n
+		}
+	}
 	if b.commitTimes {
 		if res.tail, err = tailOf(ctx, d, ids, scheduled, res.p99); err != nil {
 			return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
@@ -457,4 +473,44 @@ func (b *bench) linkedAt() string {
 	}
 	return "the outbox row's delivered_at, the start of the transaction that linked the student\n" +
 		"(the server does not track commit timestamps; its commit is not counted)"
+}
+
+// cpuSince starts measuring CPU: the function it returns gives the CPU
+// time used since by the system's processes (each by binary) and, added to
+// theirs, PostgreSQL's (its postmaster and every backend, b.postmaster).
+// total is -1 when PostgreSQL's could not be read (a server not the
+// bench's own); a process that could not be read is left out of byProc.
+func (b *bench) cpuSince(sys *system) func() (time.Duration, map[string]time.Duration) {
+	type mark struct {
+		p *proc
+		t time.Duration
+	}
+	var marks []mark
+	for _, p := range sys.running() {
+		if t, err := cpuTime(p.pid()); err == nil {
+			marks = append(marks, mark{p, t})
+		}
+	}
+	server, serverErr := time.Duration(0), errors.New("no server of the bench's own")
+	if b.postmaster != 0 {
+		server, serverErr = serverCPU(b.postmaster)
+	}
+	return func() (time.Duration, map[string]time.Duration) {
+		var total time.Duration
+		byProc := map[string]time.Duration{}
+		for _, m := range marks {
+			if t, err := cpuTime(m.p.pid()); err == nil {
+				byProc[m.p.name] += t - m.t
+				total += t - m.t
+			}
+		}
+		after, err := time.Duration(0), serverErr
+		if serverErr == nil {
+			after, err = serverCPU(b.postmaster)
+		}
+		if err != nil {
+			return -1, byProc
+		}
+		return total + after - server, byProc
+	}
 }

@@ -217,8 +217,10 @@ type figures struct {
 // sourceFigures are the measures of the sender with one SENDER_SOURCE.
 type sourceFigures struct {
 	burndown, burndownRatio []float64
-	latency                 map[float64][]latencyResult
-	idle                    map[string]float64
+	// burndownCPU is each round's whole-system CPU per linked row.
+	burndownCPU []time.Duration
+	latency     map[float64][]latencyResult
+	idle        map[string]float64
 	// idleServer is PostgreSQL's CPU use while idle, in percent of a core
 	// (-1: not measured).
 	idleServer float64
@@ -275,11 +277,14 @@ func (b *bench) measure(ctx context.Context, o options) error {
 		burned := map[string]float64{}
 		for _, src := range order {
 			b.printf("%s  burndown of %d, real%s ...\n", tag, o.rows, tagFor(src))
-			got, err := b.burndownReal(ctx, o.rows, src)
+			got, cpu, err := b.burndownReal(ctx, o.rows, src)
 			if err != nil {
 				return fmt.Errorf("%s, burndown%s: %w", tag, tagFor(src), err)
 			}
 			burned[src] = got
+			if cpu >= 0 {
+				f.src[src].burndownCPU = append(f.src[src].burndownCPU, cpu)
+			}
 		}
 		b.printf("%s  burndown of %d, bound ...\n", tag, o.rows)
 		bound, err = b.burndownBound(ctx, o.rows)
@@ -320,7 +325,9 @@ func (b *bench) measure(ctx context.Context, o options) error {
 				}
 				b.printf("%s  latency at %.0f/s%s: p50 %s  p90 %s  p99 %s  (%d students)%s\n",
 					tag, rate, tagFor(src), ms(res.p50), ms(res.p90), ms(res.p99), res.students, lag)
-				b.printf("%s    rows per claim %.1f, per recording %.1f; PostgreSQL CPU %s\n", tag, res.claimRows, res.recordRows, pct(res.serverCPU))
+				b.printf("%s    rows per claim %.1f, per recording %.1f; PostgreSQL CPU %s; CPU per student %s, Users' per request %s\n",
+					tag, res.claimRows, res.recordRows, pct(res.serverCPU), msMedian(latencyCosts([]latencyResult{res}, func(r latencyResult) time.Duration { return r.cpuPerStudent })),
+					msMedian(latencyCosts([]latencyResult{res}, func(r latencyResult) time.Duration { return r.usersPerRequest })))
 				if res.tail != nil {
 					b.printf("%s    %s\n", tag, res.tail)
 				}
@@ -401,6 +408,12 @@ func (b *bench) report(o options, f figures) {
 	fmt.Fprintf(b.out, "p99_ms_at_200 %.1f\n", msFloat(poll.p99(200)))
 	fmt.Fprintf(b.out, "p99_ms_at_500 %.1f\n", msFloat(poll.p99(500)))
 	fmt.Fprintf(b.out, "idle_cpu_pct_max %.1f\n", idleMax)
+	// Costs, not times (issue: CPU per student on two cores): the whole
+	// system's CPU per student at 200/s and per row in the burndown, and
+	// Users' own per create-user request at 200/s; "-" when not measured.
+	fmt.Fprintf(b.out, "cpu_ms_per_student_at_200 %s\n", msMedian(latencyCosts(poll.latency[200], func(r latencyResult) time.Duration { return r.cpuPerStudent })))
+	fmt.Fprintf(b.out, "cpu_ms_per_student_burndown %s\n", msMedian(poll.burndownCPU))
+	fmt.Fprintf(b.out, "users_cpu_ms_per_request %s\n", msMedian(latencyCosts(poll.latency[200], func(r latencyResult) time.Duration { return r.usersPerRequest })))
 	if cdc != nil {
 		fmt.Fprintf(b.out, "cdc_burndown_ratio %.2f\n", median(cdc.burndownRatio))
 		fmt.Fprintf(b.out, "cdc_p99_ms_at_200 %.1f\n", msFloat(cdc.p99(200)))
@@ -613,4 +626,24 @@ func tracksCommitTimes(ctx context.Context, server string) (bool, error) {
 		return false, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	return on == "on", nil
+}
+
+// latencyCosts is f of each run that measured it (f not negative).
+func latencyCosts(runs []latencyResult, f func(latencyResult) time.Duration) []time.Duration {
+	var out []time.Duration
+	for _, r := range runs {
+		if c := f(r); c >= 0 {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// msMedian is the median of ds in milliseconds, to the hundredth, or "-"
+// for none.
+func msMedian(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", msFloat(medianDuration(ds, func(d time.Duration) time.Duration { return d })))
 }

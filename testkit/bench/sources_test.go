@@ -30,18 +30,20 @@ func TestRoundSources(t *testing.T) {
 }
 
 // TestReportLines checks the name-value lines scripts read: poll's as they
-// were before the cdc source, in the same order, then cdc's, last; and no
-// cdc line when only poll was measured.
+// were before the cdc source, in the same order, then its costs, then
+// cdc's, last; and no cdc line when only poll was measured.
 func TestReportLines(t *testing.T) {
 	t.Parallel()
 	lat := func(p99ms float64, lag float64) latencyResult {
 		d := time.Duration(p99ms * float64(time.Millisecond))
-		return latencyResult{p50: d / 4, p90: d / 2, p99: d, students: 100, slotLagMax: lag}
+		return latencyResult{p50: d / 4, p90: d / 2, p99: d, students: 100, slotLagMax: lag,
+			cpuPerStudent: d / 10, usersPerRequest: d / 40}
 	}
 	poll := &sourceFigures{
 		burndown: []float64{1000, 1200, 1100}, burndownRatio: []float64{0.5, 0.7, 0.6},
-		latency: map[float64][]latencyResult{200: {lat(20, -1), lat(30, -1), lat(25, -1)}, 500: {lat(100, -1), lat(300, -1), lat(200, -1)}},
-		idle:    map[string]float64{studentBin: 0, usersBin: 0.04, senderBin: 0.55},
+		burndownCPU: []time.Duration{1300 * time.Microsecond, 1400 * time.Microsecond, 1350 * time.Microsecond},
+		latency:     map[float64][]latencyResult{200: {lat(20, -1), lat(30, -1), lat(25, -1)}, 500: {lat(100, -1), lat(300, -1), lat(200, -1)}},
+		idle:        map[string]float64{studentBin: 0, usersBin: 0.04, senderBin: 0.55},
 	}
 	cdc := &sourceFigures{
 		burndown: []float64{900, 1300, 1000}, burndownRatio: []float64{0.45, 0.75, 0.5},
@@ -66,6 +68,9 @@ func TestReportLines(t *testing.T) {
 		"p99_ms_at_200 25.0",
 		"p99_ms_at_500 200.0",
 		"idle_cpu_pct_max 0.6",
+		"cpu_ms_per_student_at_200 2.50",
+		"cpu_ms_per_student_burndown 1.35",
+		"users_cpu_ms_per_request 0.62",
 	}
 	lines := report(f)
 	require.Equal(t, append(pollLines,
@@ -74,14 +79,14 @@ func TestReportLines(t *testing.T) {
 		"cdc_p99_ms_at_500 60.0",
 		"cdc_idle_cpu_pct 0.80",
 		"cdc_slot_lag_bytes_max 65536",
-	), lines[len(lines)-10:])
+	), lines[len(lines)-13:])
 	text := strings.Join(lines, "\n")
 	require.Contains(t, text, "poll (default)")
 	require.Contains(t, text, "0.50 [0.45–0.75] MISS")
 
 	delete(f.src, sourceCDC)
 	lines = report(f)
-	require.Equal(t, pollLines, lines[len(lines)-5:])
+	require.Equal(t, pollLines, lines[len(lines)-8:])
 	require.NotContains(t, strings.Join(lines, "\n"), "cdc")
 }
 
