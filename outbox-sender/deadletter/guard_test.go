@@ -170,7 +170,7 @@ func TestRetryOfAKeyUsersMayForget(t *testing.T) {
 	die(outbox.ReasonExpired, "61 minutes")
 	_, err = o.Redrive(ctx, id, outbox.RedriveRetry, false)
 	require.ErrorIs(t, err, ErrKeyMayBeForgotten)
-	require.Equal(t, "dead", text(t, pool, "SELECT state FROM outbox"))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead'"), "the row stays dead")
 	bulk, err := o.RedriveMatching(ctx, BulkFilter{Mode: outbox.RedriveRetry, Max: 10})
 	require.NoError(t, err)
 	require.Zero(t, bulk.Matched, "a bulk retry passes the row by")
@@ -190,13 +190,6 @@ func TestRetryOfAKeyUsersMayForget(t *testing.T) {
 	_, err = o.Redrive(ctx, id, outbox.RedriveNewOperation, false)
 	require.NoError(t, err)
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE key_minted_at > now() - interval '1 minute'"))
-}
-
-func text(t *testing.T, pool *pgxpool.Pool, sql string) string {
-	t.Helper()
-	var s string
-	require.NoError(t, pool.QueryRow(context.Background(), sql).Scan(&s))
-	return s
 }
 
 // operatorAPI serves o's admin routes, as the sender's admin port does, to

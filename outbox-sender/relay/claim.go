@@ -28,13 +28,15 @@ func (e *Engine) claim(ctx context.Context, f Feed, tokens chan struct{}, jobs c
 		}
 		// The lease is counted from before the claim was sent: by the
 		// sender's clock it ends no later than the database's lease does.
-		leaseEnds := time.Now().Add(e.cfg.Lease.For)
+		// A zero lease (an engine built by hand) stamps no end.
+		var leaseEnds time.Time
+		if e.cfg.Lease.For > 0 {
+			leaseEnds = time.Now().Add(e.cfg.Lease.For)
+		}
 		rows, err := f.Claim(context.WithoutCancel(ctx), n)
 		last = Claimed{Asked: n, Got: len(rows), Err: err}
 		for i := range rows {
-			if e.cfg.Lease.For > 0 {
-				rows[i].LeaseEnds = leaseEnds
-			}
+			rows[i].LeaseEnds = leaseEnds
 		}
 		e.metrics.claimed.Add(float64(len(rows)))
 		if len(rows) > 0 {

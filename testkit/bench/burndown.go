@@ -189,17 +189,23 @@ func (b *bench) burndownReal(ctx context.Context, rows int, source string) (rate
 	}
 	// From just after the launch: the sender's own start-up before this
 	// is a few milliseconds of CPU against seconds of burndown.
-	spent := b.cpuSince(sys)
+	spent, err := b.cpuSince(sys)
+	if err != nil {
+		return 0, 0, err
+	}
 	end, err := waitLinked(ctx, d.studentAdmin, rows, 10*time.Minute, sys.alive)
 	if err != nil {
 		return 0, 0, err
 	}
-	total, _ := spent()
+	use, err := spent()
+	if err != nil {
+		return 0, 0, err
+	}
 	if err := verifyLinked(ctx, d, rows); err != nil {
 		return 0, 0, err
 	}
 	cpu = -1
-	if total >= 0 {
+	if total := use.total(); total >= 0 {
 		cpu = total / time.Duration(rows)
 	}
 	return float64(rows) / end.Sub(start).Seconds(), cpu, nil

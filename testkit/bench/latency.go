@@ -167,8 +167,10 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	client := httpClient(256)
 	defer client.CloseIdleConnections()
 	count := int64(math.Round((warmup + duration).Seconds() * rate))
-	serverCPU := b.serverCPUSince()
-	spent := b.cpuSince(sys)
+	spent, err := b.cpuSince(sys)
+	if err != nil {
+		return latencyResult{}, err
+	}
 	err = openLoop(ctx, client, sys.studentURL(), rate, count, 2048, func(n int64, at time.Time, id uuid.UUID) {
 		sent.Add(1)
 		if n < firstMeasured {
@@ -184,7 +186,10 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	if _, err := waitLinked(ctx, d.studentAdmin, int(sent.Load()), 60*time.Second, sys.alive); err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
 	}
-	total, byProc := spent()
+	cost, err := spent()
+	if err != nil {
+		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
+	}
 	claimRows, recordRows, err := sys.batchSizes(ctx)
 	if err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
@@ -193,7 +198,11 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	if err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
 	}
-	serverPct := serverCPU()
+	atEnd, err := spent()
+	if err != nil {
+		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
+	}
+	serverPct := atEnd.pct(atEnd.server)
 	ids := make([]uuid.UUID, 0, len(scheduled))
 	for id := range scheduled {
 		ids = append(ids, id)
@@ -239,10 +248,10 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	res := latencyResult{p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99), students: len(lat), slotLagMax: slotLag, serverCPU: serverPct, late: late,
 		claimRows: claimRows, recordRows: recordRows, cpuPerStudent: -1, usersPerRequest: -1}
 	if n := time.Duration(sent.Load()); n > 0 {
-		if total >= 0 {
+		if total := cost.total(); total >= 0 {
 			res.cpuPerStudent = total / n
 		}
-		if users, ok := byProc[usersBin]; ok {
+		if users, ok := cost.byProc[usersBin]; ok {
 			res.usersPerRequest = users / n
 		}
 	}
@@ -405,28 +414,10 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// serverCPUSince starts measuring PostgreSQL's CPU use: the function it
-// returns gives the use since, in percent of one core, or -1 when the
-// server is not the bench's own (b.postmaster) or could not be read.
-func (b *bench) serverCPUSince() func() float64 {
-	if b.postmaster == 0 {
-		return func() float64 { return -1 }
-	}
-	before, err := serverCPU(b.postmaster)
-	start := time.Now()
-	return func() float64 {
-		after, err2 := serverCPU(b.postmaster)
-		if err != nil || err2 != nil {
-			return -1
-		}
-		return 100 * (after - before).Seconds() / time.Since(start).Seconds()
-	}
-}
-
 // idleCPU is each process's CPU use while nothing is asked of the system,
 // in percent of one core: settle first, then utime+stime over window.
-// server is PostgreSQL's own over the window (b.serverCPUSince), the
-// server's part of what the sender's source costs at rest.
+// server is PostgreSQL's own over the window, the server's part of what
+// the sender's source costs at rest (-1 when not measured).
 func (b *bench) idleCPU(ctx context.Context, sys *system, settle, window time.Duration) (procs map[string]float64, server float64, err error) {
 	sleep := func(d time.Duration) error {
 		select {
@@ -439,31 +430,22 @@ func (b *bench) idleCPU(ctx context.Context, sys *system, settle, window time.Du
 	if err := sleep(settle); err != nil {
 		return nil, 0, err
 	}
-	ps := sys.running()
-	before := make([]time.Duration, len(ps))
-	for i, p := range ps {
-		t, err := cpuTime(p.pid())
-		if err != nil {
-			return nil, 0, fmt.Errorf("%s: %w", p.name, err)
-		}
-		before[i] = t
+	spent, err := b.cpuSince(sys)
+	if err != nil {
+		return nil, 0, err
 	}
-	serverCPU := b.serverCPUSince()
-	start := time.Now()
 	if err := sleep(window); err != nil {
 		return nil, 0, err
 	}
-	elapsed := time.Since(start)
-	server = serverCPU()
-	out := map[string]float64{}
-	for i, p := range ps {
-		t, err := cpuTime(p.pid())
-		if err != nil {
-			return nil, 0, fmt.Errorf("%s: %w", p.name, err)
-		}
-		out[p.name] = 100 * (t - before[i]).Seconds() / elapsed.Seconds()
+	use, err := spent()
+	if err != nil {
+		return nil, 0, err
 	}
-	return out, server, nil
+	out := map[string]float64{}
+	for name := range use.byProc {
+		out[name] = use.pct(use.byProc[name])
+	}
+	return out, use.pct(use.server), nil
 }
 
 // linkedAt says where latency ends, for the report.
@@ -475,42 +457,68 @@ func (b *bench) linkedAt() string {
 		"(the server does not track commit timestamps; its commit is not counted)"
 }
 
-// cpuSince starts measuring CPU: the function it returns gives the CPU
-// time used since by the system's processes (each by binary) and, added to
-// theirs, PostgreSQL's (its postmaster and every backend, b.postmaster).
-// total is -1 when PostgreSQL's could not be read (a server not the
-// bench's own); a process that could not be read is left out of byProc.
-func (b *bench) cpuSince(sys *system) func() (time.Duration, map[string]time.Duration) {
-	type mark struct {
-		p *proc
-		t time.Duration
+// cpuUse is the CPU time used over a window: by each of the system's
+// processes (by binary), and by PostgreSQL's (its postmaster and every
+// backend, b.postmaster; -1 when not measured: a server not the bench's
+// own, or one that could not be read).
+type cpuUse struct {
+	byProc  map[string]time.Duration
+	server  time.Duration
+	elapsed time.Duration
+}
+
+// total is every process's and PostgreSQL's use, -1 when PostgreSQL's was
+// not measured.
+func (u cpuUse) total() time.Duration {
+	if u.server < 0 {
+		return -1
 	}
-	var marks []mark
-	for _, p := range sys.running() {
-		if t, err := cpuTime(p.pid()); err == nil {
-			marks = append(marks, mark{p, t})
-		}
+	t := u.server
+	for _, d := range u.byProc {
+		t += d
 	}
-	server, serverErr := time.Duration(0), errors.New("no server of the bench's own")
-	if b.postmaster != 0 {
-		server, serverErr = serverCPU(b.postmaster)
+	return t
+}
+
+// pct is d over the window in percent of one core, -1 for -1.
+func (u cpuUse) pct(d time.Duration) float64 {
+	if d < 0 {
+		return -1
 	}
-	return func() (time.Duration, map[string]time.Duration) {
-		var total time.Duration
-		byProc := map[string]time.Duration{}
-		for _, m := range marks {
-			if t, err := cpuTime(m.p.pid()); err == nil {
-				byProc[m.p.name] += t - m.t
-				total += t - m.t
-			}
-		}
-		after, err := time.Duration(0), serverErr
-		if serverErr == nil {
-			after, err = serverCPU(b.postmaster)
-		}
+	return 100 * d.Seconds() / u.elapsed.Seconds()
+}
+
+// cpuSince starts measuring CPU: the function it returns gives the use
+// since (and may be called more than once). A process that cannot be read
+// is an error; PostgreSQL's that cannot be read is "not measured".
+func (b *bench) cpuSince(sys *system) (func() (cpuUse, error), error) {
+	ps := sys.running()
+	before := make([]time.Duration, len(ps))
+	for i, p := range ps {
+		t, err := cpuTime(p.pid())
 		if err != nil {
-			return -1, byProc
+			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
-		return total + after - server, byProc
+		before[i] = t
 	}
+	server := func() (time.Duration, error) { return 0, errors.New("no server of the bench's own") }
+	if b.postmaster != 0 {
+		server = func() (time.Duration, error) { return serverCPU(b.postmaster) }
+	}
+	serverBefore, serverErr := server()
+	start := time.Now()
+	return func() (cpuUse, error) {
+		use := cpuUse{byProc: map[string]time.Duration{}, server: -1, elapsed: time.Since(start)}
+		for i, p := range ps {
+			t, err := cpuTime(p.pid())
+			if err != nil {
+				return cpuUse{}, fmt.Errorf("%s: %w", p.name, err)
+			}
+			use.byProc[p.name] += t - before[i]
+		}
+		if after, err := server(); serverErr == nil && err == nil {
+			use.server = after - serverBefore
+		}
+		return use, nil
+	}, nil
 }
