@@ -268,6 +268,11 @@ func checkRoleSecrets(d *deployment) []string {
 		for _, secret := range d.secretVars[name] {
 			named[secret] = true
 		}
+		// A config file of ours mounted in the container may name one
+		// (the NATS nodes include their passwords).
+		for _, secret := range secretsIncludedBy(s) {
+			named[secret] = true
+		}
 		for _, ref := range s.Secrets {
 			if !named[ref.Source] {
 				problems = append(problems, fmt.Sprintf("%q: gets secret %q, which none of its variables names", name, ref.Source))

@@ -179,10 +179,15 @@ func dockerfilePath(b *types.BuildConfig) string {
 
 // goServices are the services that run one of our binaries: those built
 // from source, and the required ones even if they lost their build section.
+// The broker's provisioning job runs the sender's binary but is none of
+// the sender's deployments (no database, no port): nats_test.go checks it.
 func (d *deployment) goServices() []types.ServiceConfig {
 	var out []types.ServiceConfig
 	for _, name := range slices.Sorted(maps.Keys(d.project.Services)) {
 		s := d.project.Services[name]
+		if isBrokerProvision(s) {
+			continue
+		}
 		if s.Build != nil || len(requiredServices[name]) > 0 {
 			out = append(out, s)
 		}
@@ -213,6 +218,13 @@ func binaryOf(s types.ServiceConfig) (string, binary, bool) {
 
 func isMigration(s types.ServiceConfig) bool {
 	return len(s.Command) == 2 && s.Command[1] == "migrate"
+}
+
+// isBrokerProvision says whether a service is the one-shot job that makes
+// the broker's streams and consumers (outbox-sender provision-broker): it
+// serves nothing and touches no database.
+func isBrokerProvision(s types.ServiceConfig) bool {
+	return len(s.Command) == 2 && s.Command[0] == "outbox-sender" && s.Command[1] == "provision-broker"
 }
 
 // config runs the service's binary's LoadConfig on the service's

@@ -182,11 +182,16 @@ var roleCases = []roleCase{
 		allowed: []string{
 			`SELECT id, document_number, enabled FROM users`,
 			`SELECT caller, idempotency_key, coalesce(status_code, 0), resource_id, replays FROM inbox`,
+			`SELECT id, message_id, idempotency_key, subject, created_at, published_at FROM answers`,
+			`SELECT stream, stream_sequence, subject, reason, deliveries, parked_at FROM parked_commands`,
 		},
 		denied: append([]string{
 			`SELECT name FROM users`,
 			`SELECT request FROM inbox`,
 			`SELECT response_body FROM inbox`,
+			`SELECT payload FROM answers`,
+			`SELECT data FROM parked_commands`,
+			`SELECT headers FROM parked_commands`,
 			`UPDATE users SET enabled = false`,
 			`DELETE FROM inbox`,
 			`INSERT INTO users (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')`,
@@ -204,12 +209,24 @@ var roleCases = []roleCase{
 			`UPDATE inbox SET status_code = 201, response_body = '{}', resource_id = gen_random_uuid(), replays = replays + 1
 				WHERE idempotency_key = 'k1'`,
 			`DELETE FROM inbox WHERE created_at < now() - interval '7 days'`,
+			// The broker's answers and parked commands.
+			`INSERT INTO answers (message_id, idempotency_key, subject, payload) VALUES (gen_random_uuid(), gen_random_uuid(), 's', '{}')
+				ON CONFLICT (message_id) DO NOTHING`,
+			`SELECT id FROM answers WHERE published_at IS NULL ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED`,
+			`UPDATE answers SET published_at = now() WHERE id = ANY('{1}'::bigint[])`,
+			`DELETE FROM answers WHERE published_at < now() - interval '7 days'`,
+			`INSERT INTO parked_commands (stream, stream_sequence, subject, headers, data, reason, deliveries)
+				VALUES ('S', 1, 's', '{}', '\x00', 'r', 5) ON CONFLICT DO NOTHING`,
 		},
 		denied: append([]string{
 			// Disabling a user is an operator's job.
 			`UPDATE users SET enabled = false`,
 			`DELETE FROM users`,
 			`UPDATE inbox SET request_hash = '\x01'`,
+			// An answer, once written, is what was answered.
+			`UPDATE answers SET payload = '{}'`,
+			// Parked commands are the operator's to clear.
+			`DELETE FROM parked_commands`,
 			`SET ROLE users_owner`,
 			wake,
 		}, ddl...),

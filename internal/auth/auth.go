@@ -72,6 +72,9 @@ func CallerFrom(ctx context.Context) (caller string, ok bool) {
 // metric label or a database column.
 var callerName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
 
+// IsCallerName says whether name may name a caller (see ParseTokens).
+func IsCallerName(name string) bool { return callerName.MatchString(name) }
+
 // MinTokenLen is the shortest token accepted. A token is a password that
 // machines type: 16 random characters are beyond guessing, and the limit
 // catches placeholders such as "changeme".

@@ -17,6 +17,11 @@ const (
 	// rows are recorded and the sender is about to confirm their position
 	// in the write-ahead log to PostgreSQL. The slot replays them.
 	SenderBeforeConfirm = "sender-before-confirm"
+	// UsersCommandAfterCommit: with the broker transport, a command's user
+	// and its answer row are committed, the command is not yet acked. The
+	// broker delivers it again, to this Users or another one, and the
+	// inbox replays it.
+	UsersCommandAfterCommit = "users-command-after-commit"
 )
 
 // The pause points, by the step at which the process holds still. The

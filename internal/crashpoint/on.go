@@ -34,7 +34,7 @@ var (
 )
 
 func init() {
-	point, nth = parse("CRASH_POINT", UsersAfterCommit, SenderAfterResponse, SenderBeforeConfirm)
+	point, nth = parse("CRASH_POINT", UsersAfterCommit, SenderAfterResponse, SenderBeforeConfirm, UsersCommandAfterCommit)
 	pausePoint, pauseNth = parse("PAUSE_POINT", SenderInRecord, SenderBeforeClaim, UsersInInboxTx)
 	if v := os.Getenv("PAUSE_FOR"); v != "" {
 		d, err := time.ParseDuration(v)

@@ -123,6 +123,22 @@ func urlProblem(v string, schemes []string) string {
 	return ""
 }
 
+// URLList returns the variable, a comma-separated list of absolute URLs
+// with one of the given schemes (a cluster's servers), or "" when it is
+// unset and def is "". Like URL, it never echoes a password.
+func (r *Reader) URLList(name, def string, schemes ...string) string {
+	v := r.String(name, def)
+	if v == "" {
+		return ""
+	}
+	for i, u := range strings.Split(v, ",") {
+		if why := urlProblem(strings.TrimSpace(u), schemes); why != "" {
+			r.errs = append(r.errs, fmt.Errorf("%s: URL %d of the list: %s", name, i+1, why))
+		}
+	}
+	return v
+}
+
 // DatabaseURL returns the variable, which must be a PostgreSQL connection
 // URL that pgx accepts. The value is never echoed: it may hold a password.
 func (r *Reader) DatabaseURL(name, def string) string {

@@ -150,3 +150,22 @@ func TestDatabaseLogin(t *testing.T) {
 	require.NotContains(t, r.Err().Error(), "hunter2")
 	require.NotContains(t, r.Err().Error(), "s3cret")
 }
+
+// TestURLList: each URL of a list is checked, named by its place, and
+// never echoed; an unset list with no default is none.
+func TestURLList(t *testing.T) {
+	t.Parallel()
+	r := New(env())
+	require.Empty(t, r.URLList("NATS_URL", "", "nats"))
+	require.NoError(t, r.Err())
+
+	r = New(env("NATS_URL", "nats://a:4222, nats://b:4222"))
+	require.Equal(t, "nats://a:4222, nats://b:4222", r.URLList("NATS_URL", "", "nats"))
+	require.NoError(t, r.Err())
+
+	r = New(env("NATS_URL", "nats://a:4222,http://u:hunter2@b:4222,nats://c:42x2"))
+	r.URLList("NATS_URL", "", "nats")
+	require.ErrorContains(t, r.Err(), `NATS_URL: URL 2 of the list: want an absolute URL with scheme [nats], not "http"`)
+	require.ErrorContains(t, r.Err(), `NATS_URL: URL 3 of the list: not a URL: invalid port ":42x2"`)
+	require.NotContains(t, r.Err().Error(), "hunter2")
+}

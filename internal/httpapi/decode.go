@@ -38,6 +38,15 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, dst any) error {
 	if err != nil {
 		return decodeProblem(err)
 	}
+	return DecodeBody(body, dst)
+}
+
+// DecodeBody is DecodeJSON for a body that came another way than HTTP (a
+// command on the broker), with the same rules and the same problems.
+func DecodeBody(body []byte, dst any) error {
+	if len(body) > MaxBodyBytes {
+		return decodeProblem(&http.MaxBytesError{Limit: MaxBodyBytes})
+	}
 	if err := checkText(body); err != nil {
 		return err
 	}

@@ -37,6 +37,11 @@ func Render(w http.ResponseWriter, r *http.Request, err error) {
 	_, _ = w.Write(p.Body())
 }
 
+// ProblemOf is the problem Render would send for err: for an answer sent
+// another way than HTTP (a reply on the broker) that must be the same, to
+// the byte, as the HTTP hop's.
+func ProblemOf(err error) *Problem { return asProblem(err) }
+
 func asProblem(err error) *Problem {
 	var (
 		p        *Problem

@@ -121,7 +121,7 @@ type Outcome struct {
 // Outcome for every answer that must be the same on a repeat (a creation, a
 // business-rule refusal) and an error only for failures a retry may cure,
 // which roll everything back and store nothing.
-type Op func(ctx context.Context, tx pgx.Tx) (Outcome, error)
+type Op func(ctx context.Context, tx *database.Tx) (Outcome, error)
 
 // Inbox runs operations at most once per key against one database.
 type Inbox struct {
@@ -158,42 +158,48 @@ func (ib *Inbox) Do(ctx context.Context, key Key, req Request, op Op) (out Outco
 	claim := &inboxdb.ClaimKeyParams{
 		Caller: key.Caller, IdempotencyKey: key.Value, RequestHash: req.Fingerprint(), Request: req.canonical(),
 	}
-	err = ib.tx(ctx, claim, func(ctx context.Context, tx pgx.Tx, claimed bool) error {
+	err = ib.tx(ctx, claim, func(ctx context.Context, tx *database.Tx, claimed bool) (*pgx.Batch, error) {
 		if !claimed {
-			out, err = ib.replay(ctx, tx, key, req)
+			var last *pgx.Batch
+			out, last, err = ib.replay(ctx, tx, key, req)
 			replayed = err == nil
-			return err
+			return last, err
 		}
 		if out, err = op(ctx, tx); err != nil {
-			return err
+			return nil, err
 		}
-		if err := ib.q.SaveOutcome(ctx, tx, inboxdb.SaveOutcomeParams{
+		// The answer is stored in the commit's round trip. Later only
+		// queues: the statement's error, if any, comes from the commit.
+		last := &database.Later{}
+		_ = ib.q.SaveOutcome(ctx, last, inboxdb.SaveOutcomeParams{
 			Caller:         key.Caller,
 			IdempotencyKey: key.Value,
 			StatusCode:     pgtype.Int4{Int32: int32(out.Status), Valid: true}, //nolint:gosec // an HTTP status, three digits
 			ResponseBody:   pgtype.Text{String: string(out.Body), Valid: true},
 			ResourceID:     uuid.NullUUID{UUID: out.ResourceID, Valid: out.ResourceID != uuid.Nil},
-		}); err != nil {
-			return fmt.Errorf("store outcome: %w", err)
-		}
-		return nil
+		})
+		return &last.Batch, nil
 	})
-	return out, replayed, err
+	// A replay that failed to commit (its count) is a failure, not a replay.
+	return out, replayed && err == nil, err
 }
 
 // Once runs op in a transaction without a key: each call is a new
-// operation. Lock waits are bounded as in Do.
+// operation. Lock waits are bounded as in Do. BEGIN and the lock timeout
+// go out with op's first statement, and COMMIT on its own: an operation of
+// one statement costs two round trips.
 func (ib *Inbox) Once(ctx context.Context, op Op) (out Outcome, err error) {
-	err = ib.tx(ctx, nil, func(ctx context.Context, tx pgx.Tx, _ bool) error {
+	err = ib.tx(ctx, nil, func(ctx context.Context, tx *database.Tx, _ bool) (*pgx.Batch, error) {
 		out, err = op(ctx, tx)
-		return err
+		return nil, err
 	})
 	return out, err
 }
 
 // txFunc is the body of an inbox transaction; claimed says whether the
-// transaction holds its key (always false without one).
-type txFunc func(ctx context.Context, tx pgx.Tx, claimed bool) error
+// transaction holds its key (always false without one). It returns the
+// statements to send with COMMIT, in its round trip (nil for none).
+type txFunc func(ctx context.Context, tx *database.Tx, claimed bool) (*pgx.Batch, error)
 
 // tx runs fn in a transaction that ends by Timeout, and whose lock waits
 // end after LockTimeout. With a claim, the transaction first claims the
@@ -214,25 +220,32 @@ func (ib *Inbox) tx(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFun
 	return database.Classify(err)
 }
 
-// run begins the transaction, runs fn and commits, as pgx.BeginFunc does,
-// but begins it with begin's batch. Whatever happens, the transaction is
-// rolled back unless committed: that also hands the connection back to the
-// pool, which holds it for a transaction begun in a batch until then.
-func (ib *Inbox) run(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFunc) (err error) {
-	tx, claimed, err := ib.begin(ctx, claim)
-	defer func() {
-		rbErr := tx.Rollback(ctx)
-		if err == nil && rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
-			err = rbErr
-		}
-	}()
+// run begins the transaction, runs fn and commits (database.Tx: BEGIN
+// rides with the first statements, COMMIT with fn's last ones). Whatever
+// happens, the transaction is rolled back unless committed, and the
+// connection goes back to the pool.
+func (ib *Inbox) run(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFunc) error {
+	first := &pgx.Batch{}
+	first.Queue(setLockTimeout, strconv.FormatInt(ib.LockTimeout.Milliseconds(), 10)+"ms")
+	tx, err := database.Begin(ctx, ib.pool, first)
+	defer tx.End(ctx)
 	if err != nil {
 		return err
 	}
-	if err := fn(ctx, tx, claimed); err != nil {
+	claimed := false
+	if claim != nil {
+		if claimed, err = ib.claim(ctx, tx, claim); err != nil {
+			return err
+		}
+	}
+	last, err := fn(ctx, tx, claimed)
+	if err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	if err := tx.Commit(ctx, last); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
 }
 
 // setLockTimeout bounds the transaction's lock waits, as SET LOCAL would.
@@ -240,48 +253,38 @@ func (ib *Inbox) run(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFu
 // bound as a parameter, not written into the SQL.
 const setLockTimeout = "SELECT set_config('lock_timeout', $1, true)"
 
-// begin starts the transaction, sets its lock timeout and, given a claim,
-// claims the key, in one round trip: the three statements go out as one
-// pipelined batch (pgx.Batch.BeginTx) and their answers come back together.
-// It is safe because nothing about the protocol changes, only the waiting
-// between statements. PostgreSQL runs a pipeline's statements in order, in
-// the transaction BEGIN opened, and runs none after one that failed; so the
-// claim is still the transaction's first statement, bounded by the lock
-// timeout set just before it. A concurrent request for the same key still
-// waits on the key's primary key until this transaction ends (then replays
-// its answer, or claims the key if it rolled back), or gives up at its own
-// lock timeout. And the operation is still sent only afterwards, once the
-// batch's answer says the claim inserted the key (see Do).
+// claim claims the key, in one round trip with BEGIN and the lock timeout
+// (database.Tx). It is safe because nothing about the protocol changes,
+// only the waiting between statements. PostgreSQL runs a pipeline's
+// statements in order, in the transaction BEGIN opened, and runs none
+// after one that failed; so the claim is still the transaction's first
+// statement, bounded by the lock timeout set just before it. A concurrent
+// request for the same key still waits on the key's primary key until this
+// transaction ends (then replays its answer, or claims the key if it
+// rolled back), or gives up at its own lock timeout. And the operation is
+// still sent only afterwards, once the answer says the claim inserted the
+// key (see Do).
 //
 // claimed is true when the claim inserted the key: the transaction holds it
 // until it ends. A claim that waited past the lock timeout for another
-// transaction holding the same key is ErrKeyInProgress. The returned tx must
-// be rolled back (or committed) even when err is not nil.
-func (ib *Inbox) begin(ctx context.Context, claim *inboxdb.ClaimKeyParams) (tx pgx.Tx, claimed bool, err error) {
+// transaction holding the same key is ErrKeyInProgress.
+func (ib *Inbox) claim(ctx context.Context, tx *database.Tx, claim *inboxdb.ClaimKeyParams) (claimed bool, err error) {
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(setLockTimeout, strconv.FormatInt(ib.LockTimeout.Milliseconds(), 10)+"ms")
-	if claim != nil {
-		// ClaimKey's text and its parameters in sqlc's order ($1…$4, as in
-		// ClaimKeyParams): sqlc's method would send it at once, alone.
-		b.Queue(inboxdb.ClaimKey, claim.Caller, claim.IdempotencyKey, claim.RequestHash, claim.Request).
-			Exec(func(tag pgconn.CommandTag) error {
-				claimed = tag.RowsAffected() == 1
-				return nil
-			})
-	}
-	br := ib.pool.SendBatch(ctx, b)
-	tx = br.Tx()
-	// Close reads the results in order, runs the claim's callback, and
-	// returns the first error.
-	switch err := br.Close(); {
-	case claim != nil && isLockTimeout(err):
+	// ClaimKey's text and its parameters in sqlc's order ($1…$4, as in
+	// ClaimKeyParams): sqlc's method reads its answer at once, alone.
+	b.Queue(inboxdb.ClaimKey, claim.Caller, claim.IdempotencyKey, claim.RequestHash, claim.Request).
+		Exec(func(tag pgconn.CommandTag) error {
+			claimed = tag.RowsAffected() == 1
+			return nil
+		})
+	switch err := tx.Send(ctx, b); {
+	case isLockTimeout(err):
 		// Only the claim waits for a lock here: another request holds the key.
-		return tx, false, ErrKeyInProgress
+		return false, ErrKeyInProgress
 	case err != nil:
-		return tx, false, fmt.Errorf("begin and claim key: %w", err)
+		return false, fmt.Errorf("begin and claim key: %w", err)
 	}
-	return tx, claimed, nil
+	return claimed, nil
 }
 
 func isLockTimeout(err error) bool {
@@ -289,27 +292,29 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
-func (ib *Inbox) replay(ctx context.Context, tx pgx.Tx, key Key, req Request) (Outcome, error) {
+// replay loads the key's stored answer; the replay is counted in the
+// commit's round trip (last).
+func (ib *Inbox) replay(ctx context.Context, tx *database.Tx, key Key, req Request) (out Outcome, last *pgx.Batch, err error) {
 	row, err := ib.q.GetKey(ctx, tx, inboxdb.GetKeyParams{Caller: key.Caller, IdempotencyKey: key.Value})
 	if err != nil {
-		return Outcome{}, fmt.Errorf("load idempotency key: %w", err)
+		return Outcome{}, nil, fmt.Errorf("load idempotency key: %w", err)
 	}
 	if !bytes.Equal(row.RequestHash, req.Fingerprint()) {
 		fields, err := DifferingFields(row.Request, req)
 		if err != nil {
-			return Outcome{}, err
+			return Outcome{}, nil, err
 		}
-		return Outcome{}, &MismatchError{Fields: fields}
+		return Outcome{}, nil, &MismatchError{Fields: fields}
 	}
 	if !row.StatusCode.Valid {
 		// The claim and the outcome are written in one transaction, so a
 		// visible row without an outcome means the schema was changed by hand.
-		return Outcome{}, fmt.Errorf("idempotency key %s has no stored outcome", key)
+		return Outcome{}, nil, fmt.Errorf("idempotency key %s has no stored outcome", key)
 	}
-	if err := ib.q.CountReplay(ctx, tx, inboxdb.CountReplayParams{Caller: key.Caller, IdempotencyKey: key.Value}); err != nil {
-		return Outcome{}, fmt.Errorf("count replay: %w", err)
-	}
-	return Outcome{Status: int(row.StatusCode.Int32), Body: []byte(row.ResponseBody.String), ResourceID: row.ResourceID.UUID}, nil
+	// Queued for the commit's round trip; its error comes from the commit.
+	later := &database.Later{}
+	_ = ib.q.CountReplay(ctx, later, inboxdb.CountReplayParams{Caller: key.Caller, IdempotencyKey: key.Value})
+	return Outcome{Status: int(row.StatusCode.Int32), Body: []byte(row.ResponseBody.String), ResourceID: row.ResourceID.UUID}, &later.Batch, nil
 }
 
 // Purge deletes inbox rows older than retention, batch rows per statement,

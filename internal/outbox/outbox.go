@@ -21,6 +21,11 @@ const (
 	// StatePending: waiting to be delivered, or being delivered under a
 	// sender's lease.
 	StatePending = "pending"
+	// StatePublished: with the broker transport (SENDER_TRANSPORT=nats),
+	// the broker acknowledged the row's command and Users' answer has not
+	// come back yet. Due again, under the same key, if it does not come
+	// by the row's available_at.
+	StatePublished = "published"
 	// StateDelivered: Users answered and the answer is recorded on the
 	// student.
 	StateDelivered = "delivered"
@@ -30,7 +35,7 @@ const (
 )
 
 // States lists every state, in the order a row passes through them.
-var States = []string{StatePending, StateDelivered, StateDead}
+var States = []string{StatePending, StatePublished, StateDelivered, StateDead}
 
 // Reason classes say, in a word an operator can filter and alert on, why an
 // attempt failed or why a row is dead. The full message stays in the row's
@@ -45,6 +50,9 @@ const (
 	// or 403. A misconfiguration, never the row's fault: retried, never
 	// dead-lettered for it.
 	ReasonUsersAuthRefused = "users-auth-refused"
+	// The broker did not acknowledge a publish (SENDER_TRANSPORT=nats):
+	// unreachable, or no stream took the command.
+	ReasonBrokerUnreachable = "broker-unreachable"
 
 	// Permanent: the row is dead-lettered.
 	ReasonRefused           = "refused"            // 409: Users' business rule said no (document number taken)
@@ -59,6 +67,7 @@ const (
 // ReasonClasses lists every class.
 var ReasonClasses = []string{
 	ReasonUsersUnreachable, ReasonUsersUnavailable, ReasonKeyInProgress, ReasonUnexpectedAnswer, ReasonUsersAuthRefused,
+	ReasonBrokerUnreachable,
 	ReasonRefused, ReasonInvalid, ReasonKeyReused, ReasonExpired, ReasonAttemptsExhausted,
 	ReasonConflict, ReasonSenderError,
 }
@@ -67,6 +76,7 @@ var ReasonClasses = []string{
 // transient ones, and an unexpected answer that might not recur.
 var RetryClasses = []string{
 	ReasonUsersUnreachable, ReasonUsersUnavailable, ReasonKeyInProgress, ReasonUnexpectedAnswer, ReasonUsersAuthRefused,
+	ReasonBrokerUnreachable,
 }
 
 // DeadClasses are the classes a dead row may carry. A transient failure
@@ -95,6 +105,9 @@ const (
 	OutcomeRetry     = "retry"     // a transient failure: tried again after a backoff
 	OutcomeDead      = "dead"      // a permanent failure: the row is dead-lettered
 	OutcomeReleased  = "released"  // not sent (the sender was stopping): handed back
+	// OutcomePublished: the broker took the command (SENDER_TRANSPORT=nats);
+	// the row waits for Users' answer on the reply stream.
+	OutcomePublished = "published"
 )
 
 // The ways an operator redrives a dead row, as a redrive's history entry

@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/outboxref/outboxref/outbox-sender/internal/store"
@@ -75,8 +76,9 @@ func gather(ctx context.Context, tr *tracker, limit int, linger time.Duration) i
 // Claim claims up to n of the announced rows by id. Rows the claim does
 // not return are settled at once if another transaction holds them or they
 // are no longer pending (settleUnclaimed). Rows of a failed claim are put
-// back, to be claimed again after the claim loop's backoff; if the claim
-// did commit, the second finds them leased and settles them.
+// back, to be claimed again after the claim loop's backoff (if the claim
+// did commit, the second finds them leased and settles them), until they
+// are older than unclaimableLimit (leaveUnclaimable).
 func (f *streamFeed) Claim(ctx context.Context, n int) ([]store.Row, error) {
 	tr := f.src.tr
 	ids := tr.take(n)
@@ -85,7 +87,7 @@ func (f *streamFeed) Claim(ctx context.Context, n int) ([]store.Row, error) {
 	}
 	rows, err := f.src.store.ClaimIDs(ctx, f.src.cfg.Lease, ids)
 	if err != nil {
-		tr.retake(ids)
+		tr.retake(f.leaveUnclaimable(ids))
 		return nil, err
 	}
 	claimed := make(map[int64]bool, len(rows))
@@ -100,6 +102,37 @@ func (f *streamFeed) Claim(ctx context.Context, n int) ([]store.Row, error) {
 	}
 	f.invisible = f.settleUnclaimed(ctx, others) > 0
 	return rows, nil
+}
+
+// unclaimableLimit is how long the stream feed keeps trying to claim a
+// streamed row while its claims fail, before it leaves the row to the
+// table feed.
+const unclaimableLimit = 5 * time.Second
+
+// leaveUnclaimable settles the rows of a failed claim that the stream
+// delivered more than unclaimableLimit ago, and returns the others, to be
+// claimed again. The table feed claims a settled row once it is
+// SENDER_CDC_GRACE old, so nothing is lost; what this prevents is a reader
+// that can never confirm. A server shutting down (pg_ctl stop -m fast)
+// ends every session and refuses new ones, then waits for each logical
+// reader to confirm all it was sent before it exits: rows nobody can claim
+// any more would hold that shutdown for ever.
+func (f *streamFeed) leaveUnclaimable(ids []int64) []int64 {
+	tr := f.src.tr
+	var stale, retry []int64
+	for _, id := range ids {
+		if age, followed := tr.age(id); followed && age > unclaimableLimit {
+			stale = append(stale, id)
+		} else {
+			retry = append(retry, id)
+		}
+	}
+	if len(stale) > 0 {
+		tr.settle(stale...)
+		f.src.log.Warn("streamed rows could not be claimed for "+unclaimableLimit.String()+"; the poll claims them after SENDER_CDC_GRACE",
+			slog.Int("rows", len(stale)))
+	}
+	return retry
 }
 
 // invisibleRetry is how long the stream feed waits before it claims again

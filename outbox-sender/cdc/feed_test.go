@@ -48,3 +48,34 @@ func TestUnclaimedRowNotYetVisibleIsClaimedAgain(t *testing.T) {
 	p, _ := s.tr.position()
 	require.Equal(t, pglogrepl.LSN(0), p, "so the slot does not move past it")
 }
+
+// TestRowsNobodyCanClaimDoNotHoldTheSlot: while claims fail, a streamed
+// row is claimed again, but past unclaimableLimit it is left to the table
+// feed, so that the reader can confirm what it was sent. A server in a
+// fast shutdown refuses every claim and waits for that confirmation.
+func TestRowsNobodyCanClaimDoNotHoldTheSlot(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	senderPool := pgtest.As(t, pool, migrations.OutboxSender)
+	st := store.New(senderPool, 3*time.Second)
+	s := New(slog.New(slog.DiscardHandler), st, Config{Slot: "unused", BatchSize: 10})
+	senderPool.Close() // every claim now fails
+	s.tr.reset(100)
+	s.tr.committed(200, time.Now(), []int64{1})
+	s.tr.committed(300, time.Now(), []int64{2})
+
+	_, err := s.feed.Claim(context.Background(), 10)
+	require.Error(t, err)
+	require.Equal(t, 2, s.tr.queued(), "young rows of a failed claim are claimed again")
+	require.Equal(t, 2, s.tr.unsettled())
+
+	s.tr.mu.Lock()
+	s.tr.txns[0].received = time.Now().Add(-unclaimableLimit - time.Second)
+	s.tr.mu.Unlock()
+	_, err = s.feed.Claim(context.Background(), 10)
+	require.Error(t, err)
+	require.Equal(t, []int64{2}, s.tr.take(10), "only the young row is claimed again")
+	require.Equal(t, 1, s.tr.unsettled())
+	p, _ := s.tr.position()
+	require.Equal(t, pglogrepl.LSN(200), p, "the slot may move past the row left to the table")
+}

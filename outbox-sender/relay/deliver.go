@@ -67,6 +67,11 @@ func (e *Engine) deliver(ctx context.Context, row store.Row) (store.Result, int)
 		return store.Result{Row: row, Outcome: delivered, UserID: a.UserID}, a.Status
 	case Permanent:
 		return store.Result{Row: row, Outcome: dead, Class: a.Class, Error: a.Error}, a.Status
+	case Published:
+		// The wait for the answer grows with the attempts, as a retry's
+		// backoff does: a Users down for an hour is not sent the same
+		// command every few seconds.
+		return store.Result{Row: row, Outcome: published, Seq: a.Seq, Delay: max(e.backoff(row.Attempts), a.RetryAfter)}, a.Status
 	}
 	// The other side cannot push a row past the sender's own limits.
 	return e.retryOrDie(row, a.Class, a.Error, min(max(a.RetryAfter, 0), e.cfg.BackoffMax)), a.Status

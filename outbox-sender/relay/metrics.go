@@ -39,6 +39,9 @@ type metrics struct {
 	// both should approach SENDER_BATCH_SIZE; idle, one or a few.
 	claimSize  prometheus.Histogram
 	recordSize prometheus.Histogram
+	// replies counts Users' answers read from a broker's reply stream, by
+	// what each did (SENDER_TRANSPORT=nats).
+	replies *prometheus.CounterVec
 }
 
 // lagBuckets run from a few milliseconds (a delivery on a healthy system)
@@ -57,7 +60,7 @@ func newMetrics() *metrics {
 		}),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_sender_results_total",
-			Help: "Delivery results this sender recorded, by verdict (delivered, retry, dead, released) and reason class (\"none\" when there is none). " +
+			Help: "Delivery results this sender recorded, by verdict (delivered, retry, dead, released, published) and reason class (\"none\" when there is none). " +
 				"verdict=~\"delivered|dead\" is the settled (published) side of the outbox.",
 		}, []string{"verdict", "reason_class"}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -85,6 +88,13 @@ func newMetrics() *metrics {
 			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
 		}),
 	}
+	m.replies = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outbox_sender_replies_total",
+		Help: "Users' answers read from the broker's reply stream (SENDER_TRANSPORT=nats), by what each did: linked, refused, conflict, already-settled, ignored, unmatched, repeat.",
+	}, []string{"outcome"})
+	for _, o := range store.ReplyOutcomes {
+		m.replies.WithLabelValues(o)
+	}
 	// Every series an alert or the dashboard reads starts at 0: a series
 	// born at its first increment is missing from sums until then (a
 	// restarted sender facing a Users that is down reports no settled
@@ -94,6 +104,7 @@ func newMetrics() *metrics {
 	// no retry series, one that is never dead no dead series.
 	m.results.WithLabelValues(delivered, reasonLabel(""))
 	m.results.WithLabelValues(released, reasonLabel(""))
+	m.results.WithLabelValues(published, reasonLabel(""))
 	for _, class := range outbox.RetryClasses {
 		m.results.WithLabelValues(retry, class)
 	}
@@ -105,7 +116,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.claimed, m.results, m.dead, m.lag, m.attempts, m.claimSize, m.recordSize}
+	return []prometheus.Collector{m.claimed, m.results, m.dead, m.lag, m.attempts, m.claimSize, m.recordSize, m.replies}
 }
 
 // reasonLabel is a reason class as a label value: an empty label would
@@ -137,8 +148,10 @@ var (
 	rowsDesc = prometheus.NewDesc("outbox_rows", "Outbox rows by state, read at scrape time (absent when the read failed).", []string{"state"}, nil)
 	ageDesc  = prometheus.NewDesc("outbox_oldest_pending_age_seconds",
 		"Age of the oldest pending outbox row: the delay a newly created student may see (absent when the read failed).", nil, nil)
+	publishedAgeDesc = prometheus.NewDesc("outbox_oldest_published_age_seconds",
+		"Age of the oldest published outbox row (SENDER_TRANSPORT=nats): a student whose command the broker holds and Users has not answered; 0 when none (absent when the read failed).", nil, nil)
 	readOKDesc = prometheus.NewDesc("outbox_stats_read_ok",
-		"1 when this scrape read the outbox's state from the database, 0 when the read failed and outbox_rows and outbox_oldest_pending_age_seconds are missing.", nil, nil)
+		"1 when this scrape read the outbox's state from the database, 0 when the read failed and outbox_rows and the oldest ages are missing.", nil, nil)
 )
 
 // statsTimeout bounds the database read of a scrape: Prometheus' own
@@ -164,6 +177,7 @@ type outboxCollector struct {
 func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- rowsDesc
 	ch <- ageDesc
+	ch <- publishedAgeDesc
 	ch <- readOKDesc
 }
 
@@ -173,7 +187,7 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	st, err := c.store.Stats(ctx)
 	if err != nil {
 		if failed, ok := c.alarm.Ring(time.Now(), statsAlarmEvery); ok {
-			c.log.Warn("read outbox stats for metrics; outbox_rows and outbox_oldest_pending_age_seconds are left out until it succeeds",
+			c.log.Warn("read outbox stats for metrics; outbox_rows and the oldest ages are left out until it succeeds",
 				slog.Int("failed_reads", failed), slog.String("error", err.Error()))
 		}
 		ch <- prometheus.MustNewConstMetric(readOKDesc, prometheus.GaugeValue, 0)
@@ -181,7 +195,9 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(readOKDesc, prometheus.GaugeValue, 1)
 	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Pending), outbox.StatePending)
+	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Published), outbox.StatePublished)
 	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Delivered), outbox.StateDelivered)
 	ch <- prometheus.MustNewConstMetric(rowsDesc, prometheus.GaugeValue, float64(st.Dead), outbox.StateDead)
 	ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, st.OldestPending.Seconds())
+	ch <- prometheus.MustNewConstMetric(publishedAgeDesc, prometheus.GaugeValue, st.OldestPublished.Seconds())
 }

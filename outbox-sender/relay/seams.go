@@ -92,6 +92,9 @@ type Answer struct {
 	// Status is the other side's status code, for the log line; 0 when
 	// there was no answer.
 	Status int
+	// Seq is where the broker put the command (Published): its sequence
+	// in the command stream.
+	Seq uint64
 }
 
 // Verdict is a transport's judgement of an answer.
@@ -104,6 +107,11 @@ const (
 	Transient
 	// Permanent: the same request will fail again; the row is dead-lettered.
 	Permanent
+	// Published: a broker took the command; Users' answer comes later, on
+	// the reply stream, and the engine records it then (RecordReply).
+	// RetryAfter is how long the row waits for it before it is published
+	// again.
+	Published
 )
 
 // The outcomes the engine records, shorter to read in its code.
@@ -112,4 +120,5 @@ const (
 	retry     = outbox.OutcomeRetry
 	dead      = outbox.OutcomeDead
 	released  = outbox.OutcomeReleased
+	published = outbox.OutcomePublished
 )

@@ -78,7 +78,32 @@ type Config struct {
 	// CDCGrace is how long, in cdc mode, the poll leaves a new row to the
 	// stream before it claims it itself.
 	CDCGrace time.Duration // SENDER_CDC_GRACE
+
+	// Transport is how a row reaches Users: "http" (POST /users, the
+	// answer in the response) or "nats" (a command on a JetStream stream,
+	// Users' answer on another; package usersnats).
+	Transport string // SENDER_TRANSPORT
+	// NATSURL lists the broker's servers.
+	NATSURL string // SENDER_NATS_URL
+	// NATSPassword is the password of the sender's NATS user.
+	NATSPassword auth.Secret // SENDER_NATS_PASSWORD or SENDER_NATS_PASSWORD_FILE
+	// NATSAnswerWait is the least a published row waits for Users' answer
+	// before it is published again.
+	NATSAnswerWait time.Duration // SENDER_NATS_ANSWER_WAIT
+	// NATSAdminUser and NATSAdminPassword log "provision-broker" in as the
+	// broker's admin; delivery never uses them.
+	NATSAdminUser     string      // SENDER_NATS_ADMIN_USER
+	NATSAdminPassword auth.Secret // SENDER_NATS_ADMIN_PASSWORD or SENDER_NATS_ADMIN_PASSWORD_FILE
+	// NATSReplicas is how many servers "provision-broker" keeps each
+	// stream and consumer on.
+	NATSReplicas int // SENDER_NATS_REPLICAS
 }
+
+// Transports to Users (SENDER_TRANSPORT).
+const (
+	TransportHTTP = "http"
+	TransportNATS = "nats"
+)
 
 // Sources of new rows (SENDER_SOURCE).
 const (
@@ -155,12 +180,24 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// short enough that a row the stream missed (its slot was dropped,
 		// say) waits seconds, not minutes.
 		CDCGrace: e.Duration("SENDER_CDC_GRACE", 10*time.Second, 100*time.Millisecond, time.Hour),
+
+		Transport: e.OneOf("SENDER_TRANSPORT", TransportHTTP, TransportHTTP, TransportNATS),
+		NATSURL:   e.URLList("SENDER_NATS_URL", "nats://localhost:4222", "nats", "tls"),
+		// Users answers within milliseconds when it is up; the wait only
+		// bounds how soon a command the broker lost (or Users parked) is
+		// published again. It grows with the attempts, as a retry's
+		// backoff does.
+		NATSAnswerWait: e.Duration("SENDER_NATS_ANSWER_WAIT", 30*time.Second, 100*time.Millisecond, 24*time.Hour),
+		NATSAdminUser:  e.String("SENDER_NATS_ADMIN_USER", "admin"),
+		NATSReplicas:   e.Int("SENDER_NATS_REPLICAS", 1, 1, 5),
 	}
 	c.CDCDatabaseURL, _ = e.DatabaseLogin("SENDER_CDC_DATABASE_URL",
 		"postgres://"+migrations.OutboxCDC+"@localhost:5432/student?sslmode=disable", "SENDER_CDC_DATABASE_PASSWORD")
 	e.Check(validSlotName(c.CDCSlot),
 		"SENDER_CDC_SLOT=%q: want 1 to 63 lower-case letters, digits or underscores (PostgreSQL's rule for slot names)", c.CDCSlot)
 	c.UsersToken = auth.TokenVar(e, "SENDER_USERS_TOKEN")
+	c.NATSPassword = auth.TokenVar(e, "SENDER_NATS_PASSWORD")
+	c.NATSAdminPassword = auth.TokenVar(e, "SENDER_NATS_ADMIN_PASSWORD")
 	c.Operators = auth.CallersVar(e, "SENDER_ADMIN_TOKENS", "operator", "name:token")
 	// Users must remember a key for the whole retry horizon, or a retry
 	// it forgot would look like a new operation.

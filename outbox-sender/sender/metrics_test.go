@@ -154,9 +154,10 @@ func TestScrapeSurvivesTheDatabaseDown(t *testing.T) {
 				}
 				require.NotContains(t, body, "outbox_rows{")
 				require.NotContains(t, body, "\noutbox_oldest_pending_age_seconds ")
+				require.NotContains(t, body, "\noutbox_oldest_published_age_seconds ")
 			}
 			require.Len(t, logLines(t, logs.String(),
-				"read outbox stats for metrics; outbox_rows and outbox_oldest_pending_age_seconds are left out until it succeeds"), 1,
+				"read outbox stats for metrics; outbox_rows and the oldest ages are left out until it succeeds"), 1,
 				"a failing read is logged at most once a minute")
 		})
 	}

@@ -2,22 +2,26 @@ package sender
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/outbox-sender/cdc"
 	"github.com/outboxref/outboxref/outbox-sender/internal/store"
 	"github.com/outboxref/outboxref/outbox-sender/poll"
 	"github.com/outboxref/outboxref/outbox-sender/relay"
 	"github.com/outboxref/outboxref/outbox-sender/usershttp"
+	"github.com/outboxref/outboxref/outbox-sender/usersnats"
 )
 
 // Relay is the sender's delivery put together: the engine, fed by the
-// source SENDER_SOURCE names, delivering through HTTP to Users, recording
-// in Student's database.
+// source SENDER_SOURCE names, delivering through the transport
+// SENDER_TRANSPORT names, recording in Student's database.
 type Relay struct {
 	cfg        Config
 	log        *slog.Logger
@@ -25,6 +29,11 @@ type Relay struct {
 	source     relay.Source
 	engine     *relay.Engine
 	collectors []prometheus.Collector
+	// broker is the NATS transport, whose replies Run reads beside the
+	// engine; nil with HTTP.
+	broker *usersnats.Transport
+	// err is why the relay could not be put together; Run returns it.
+	err error
 }
 
 // New puts the relay together on pool, Student's database as the sender's
@@ -47,19 +56,57 @@ func New(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Relay {
 	default:
 		source = poll.New(log, st, lease, cfg.PollInterval)
 	}
-	transport := usershttp.New(log, usershttp.Config{
-		URL: cfg.UsersURL, Token: cfg.UsersToken, Timeout: cfg.RequestTimeout, Concurrency: cfg.Concurrency,
-	})
-	engine := relay.New(log, st, source, transport, relay.Config{
+	r := &Relay{cfg: cfg, log: log, store: st, source: source}
+	var transport relay.Transport
+	switch cfg.Transport {
+	case TransportNATS:
+		t, err := usersnats.New(log, usersnats.Config{
+			NATS:    natsbus.Config{URL: cfg.NATSURL, User: natsbus.SenderUser, Password: cfg.NATSPassword, Name: "outbox-sender " + cfg.ID},
+			Timeout: cfg.RequestTimeout, AnswerWait: cfg.NATSAnswerWait, Workers: recordWorkers,
+		})
+		if err != nil {
+			r.err = err
+			return r
+		}
+		r.broker, transport = t, t
+		collectors = append(collectors, t.Collectors()...)
+	default:
+		t := usershttp.New(log, usershttp.Config{
+			URL: cfg.UsersURL, Token: cfg.UsersToken, Timeout: cfg.RequestTimeout, Concurrency: cfg.Concurrency,
+		})
+		transport = t
+		collectors = append(collectors, t.Collectors()...)
+	}
+	r.engine = relay.New(log, st, source, transport, relay.Config{
 		Lease: lease, BatchSize: cfg.BatchSize, Concurrency: cfg.Concurrency, PollInterval: cfg.PollInterval,
 		MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax,
 	})
-	collectors = append(append(engine.Collectors(), transport.Collectors()...), collectors...)
-	return &Relay{cfg: cfg, log: log, store: st, source: source, engine: engine, collectors: collectors}
+	r.collectors = append(r.engine.Collectors(), collectors...)
+	return r
 }
 
-// Run delivers until ctx ends (see relay.Engine.Run).
-func (r *Relay) Run(ctx context.Context) error { return r.engine.Run(ctx) }
+// recordWorkers is how many of Users' replies the NATS transport records
+// at once, as many as the engine's recorders.
+const recordWorkers = 4
+
+// Run delivers until ctx ends (see relay.Engine.Run). With the broker, it
+// reads Users' replies beside the engine until ctx ends too, and returns
+// once both have finished what they hold.
+func (r *Relay) Run(ctx context.Context) error {
+	if r.err != nil {
+		return r.err
+	}
+	if r.broker == nil {
+		return r.engine.Run(ctx)
+	}
+	defer r.broker.Close()
+	var replies sync.WaitGroup
+	var repliesErr error
+	replies.Go(func() { repliesErr = r.broker.Replies(ctx, r.engine) })
+	err := r.engine.Run(ctx)
+	replies.Wait()
+	return errors.Join(err, repliesErr)
+}
 
 // Collectors returns every metric of the relay, for registering.
 func (r *Relay) Collectors() []prometheus.Collector { return r.collectors }
@@ -77,6 +124,14 @@ func (r *Relay) PurgeLoop(ctx context.Context) error {
 			r.log.Error("outbox purge failed", slog.String("error", err.Error()))
 		case n > 0:
 			r.log.Info("outbox purged", slog.Int64("rows", n), slog.Duration("retention", r.cfg.DeliveredRetention))
+		}
+		// The inbox of replies keeps what the broker may still deliver
+		// again: a reply acked is not delivered again to the same durable
+		// consumer, so the retention only needs to outlast the ack wait.
+		if n, err := r.store.PurgeReplies(ctx, r.cfg.DeliveredRetention, 1000); err != nil && ctx.Err() == nil {
+			r.log.Error("reply inbox purge failed", slog.String("error", err.Error()))
+		} else if n > 0 {
+			r.log.Info("reply inbox purged", slog.Int64("rows", n), slog.Duration("retention", r.cfg.DeliveredRetention))
 		}
 		select {
 		case <-ctx.Done():

@@ -7,6 +7,7 @@
 //	relay       the delivery engine: claim → deliver → judge → record
 //	poll, cdc   where new rows come from (SENDER_SOURCE)
 //	usershttp   how a row reaches Users: POST /users with its key
+//	usersnats   or a command on a JetStream stream, answered on another (SENDER_TRANSPORT)
 //	deadletter  the operator's tools: the admin API's routes and "dead"
 //	internal/store  every statement the sender runs
 //
@@ -25,6 +26,7 @@ import (
 	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/internal/service"
 	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 	"github.com/outboxref/outboxref/outbox-sender/usershttp"
@@ -37,9 +39,22 @@ import (
 // are applied by "student migrate").
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, e, _ := LoadConfig(getenv)
-	if len(args) == 0 {
-		// Delivering needs the token; "dead" and "healthcheck" never call
-		// Users, so an operator's shell does not need it.
+	if len(args) > 0 && args[0] == "provision-broker" {
+		e.Require("SENDER_NATS_ADMIN_PASSWORD", getenv("SENDER_NATS_ADMIN_PASSWORD")+getenv("SENDER_NATS_ADMIN_PASSWORD_FILE"),
+			"creating streams and consumers takes the broker's admin user ("+cfg.NATSAdminUser+"); give its password")
+		if err := e.Err(); err != nil {
+			return err
+		}
+		return provisionBroker(ctx, cfg, stdout)
+	}
+	switch {
+	case len(args) > 0:
+		// "dead" and "healthcheck" never call Users, so an operator's
+		// shell needs no credentials for it.
+	case cfg.Transport == TransportNATS:
+		e.Require("SENDER_NATS_PASSWORD", getenv("SENDER_NATS_PASSWORD")+getenv("SENDER_NATS_PASSWORD_FILE"),
+			"the broker lets the sender's NATS user ("+natsbus.SenderUser+") publish commands and read replies; give its password")
+	default:
 		e.Require("SENDER_USERS_TOKEN", getenv("SENDER_USERS_TOKEN")+getenv("SENDER_USERS_TOKEN_FILE"),
 			"Users answers authenticated callers only; give the token Users lists for the sender in USERS_API_TOKENS")
 	}
@@ -58,8 +73,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			r := New(log, pool, cfg)
 			// Durations as Go writes them ("30s"): slog's JSON would print
 			// nanoseconds.
-			log.Info("sender starting", slog.String("sender_source", cfg.Source), slog.String("database", database.Where(cfg.DatabaseURL)),
-				slog.String("users_url", usershttp.Redacted(cfg.UsersURL)),
+			to := slog.String("users_url", usershttp.Redacted(cfg.UsersURL))
+			if cfg.Transport == TransportNATS {
+				to = slog.String("nats_url", natsbus.Redacted(cfg.NATSURL))
+			}
+			log.Info("sender starting", slog.String("sender_source", cfg.Source), slog.String("sender_transport", cfg.Transport),
+				slog.String("database", database.Where(cfg.DatabaseURL)), to,
 				slog.Int("batch_size", cfg.BatchSize), slog.Int("concurrency", cfg.Concurrency),
 				slog.String("lease", cfg.Lease.String()), slog.String("poll_interval", cfg.PollInterval.String()),
 				slog.Int("admin_operators", len(cfg.Operators)))

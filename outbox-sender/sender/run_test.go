@@ -80,6 +80,7 @@ func TestRunDeliversAndStops(t *testing.T) {
 	require.Contains(t, m, `outbox_rows{state="pending"} 0`)
 	require.Contains(t, m, "outbox_sender_claimed_total 3")
 	require.Contains(t, m, "outbox_oldest_pending_age_seconds 0")
+	require.Contains(t, m, "outbox_oldest_published_age_seconds 0")
 	require.Contains(t, m, "outbox_stats_read_ok 1")
 	require.Contains(t, m, "outbox_sender_delivery_lag_seconds_count 3")
 	require.Contains(t, m, "outbox_sender_settled_row_attempts_count 3")

@@ -136,14 +136,31 @@ func transient(class, why string) relay.Answer {
 	return relay.Answer{Verdict: relay.Transient, Class: class, Error: why}
 }
 
-// judge classifies Users' answer. Only an answer that cannot change on a
-// retry is permanent: a 2xx (with a user id, or a broken one without), or
-// one of Users' own problem types about the request itself. Everything else
-// is retried: no answer, 5xx, 408, 429, a key still in progress, and also
-// any other 4xx, which more likely comes from a misrouted URL or a proxy
-// mid-deploy than from Users, and must not dead-letter the whole outbox.
+// judge classifies Users' answer (Judge), and notes a refusal of the
+// sender's credentials and a Retry-After.
 func (t *Transport) judge(ctx context.Context, row store.Row, resp *http.Response, body []byte) relay.Answer {
-	code := resp.StatusCode
+	a := Judge(resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	if a.Verdict != relay.Transient {
+		return a
+	}
+	a.RetryAfter = retryAfter(resp)
+	if a.Class == outbox.ReasonUsersAuthRefused {
+		t.authRefused(ctx, row, resp.StatusCode)
+		a.Error += ": Users refused the sender's credentials (check SENDER_USERS_TOKEN)"
+	}
+	return a
+}
+
+// Judge classifies an answer of Users' to a create-user operation: its
+// status, content type and body. The broker transport judges the answers
+// Users stored and relayed with it too. Only an answer that cannot change
+// on a retry is permanent: a 2xx (with a user id, or a broken one
+// without), or one of Users' own problem types about the request itself.
+// Everything else is retried: no answer, 5xx, 408, 429, a key still in
+// progress, and also any other 4xx, which more likely comes from a
+// misrouted URL or a proxy mid-deploy than from Users, and must not
+// dead-letter the whole outbox.
+func Judge(code int, contentType string, body []byte) relay.Answer {
 	if code >= 200 && code < 300 {
 		var created struct {
 			UserID uuid.UUID `json:"userId"`
@@ -154,7 +171,7 @@ func (t *Transport) judge(ctx context.Context, row store.Row, resp *http.Respons
 		return relay.Answer{Verdict: relay.Delivered, UserID: created.UserID}
 	}
 	var p httpapi.Problem
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == httpapi.ProblemContentType {
+	if mt, _, _ := mime.ParseMediaType(contentType); mt == httpapi.ProblemContentType {
 		_ = json.Unmarshal(body, &p)
 	}
 	why := fmt.Sprintf("Users answered %d %s", code, http.StatusText(code))
@@ -173,11 +190,9 @@ func (t *Transport) judge(ctx context.Context, row store.Row, resp *http.Respons
 		return permanent(outbox.ReasonKeyReused)
 	}
 	a := transient(outbox.ReasonUnexpectedAnswer, why)
-	a.RetryAfter = retryAfter(resp)
 	switch {
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		t.authRefused(ctx, row, code)
-		a.Class, a.Error = outbox.ReasonUsersAuthRefused, why+": Users refused the sender's credentials (check SENDER_USERS_TOKEN)"
+		a.Class = outbox.ReasonUsersAuthRefused
 	case code == http.StatusConflict && p.Type == httpapi.TypeIdempotencyBusy:
 		a.Class = outbox.ReasonKeyInProgress
 	case code >= 500, code == http.StatusRequestTimeout, code == http.StatusTooManyRequests:

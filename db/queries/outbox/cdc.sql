@@ -11,13 +11,14 @@
 -- index on retried rows alone would avoid that, at the price of an index
 -- entry for every claim.
 UPDATE outbox o
-SET available_at = now() + @lease::interval,
+SET state        = 'pending',
+    available_at = now() + @lease::interval,
     lease_token  = gen_random_uuid(),
     claimed_by   = @claimed_by,
     attempts     = o.attempts + 1
 FROM (
     SELECT id FROM outbox
-    WHERE state = 'pending' AND available_at <= now()
+    WHERE state IN ('pending', 'published') AND available_at <= now()
       AND (attempts > 0 OR redrives > 0 OR available_at <= now() - @leave_new::interval)
     ORDER BY available_at, id
     LIMIT @batch_size
@@ -26,7 +27,8 @@ FROM (
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
-          (o.age_from + @max_age::interval < now())::boolean AS expired;
+          (o.age_from + @max_age::interval < now())::boolean AS expired,
+          (o.age_from + @max_age::interval)::timestamptz AS expires_at;
 
 -- name: ClaimStreamed :many
 -- Claims the rows whose inserts the stream announced, as ClaimDue claims
@@ -51,7 +53,8 @@ FROM (
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
-          (o.age_from + @max_age::interval < now())::boolean AS expired;
+          (o.age_from + @max_age::interval < now())::boolean AS expired,
+          (o.age_from + @max_age::interval)::timestamptz AS expires_at;
 
 -- name: VisibleOutboxIDs :many
 -- Which of these rows this transaction can see at all. A row the stream

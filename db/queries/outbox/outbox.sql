@@ -8,14 +8,18 @@
 -- if this sender dies mid-delivery the row becomes due again and another
 -- sender takes it. The lease token fences the sender's later writes: only
 -- the holder of the current token may reschedule or dead-letter the row.
+-- A published row whose answer has not come by its available_at is due
+-- too (SENDER_TRANSPORT=nats): claimed, it is pending again, and published
+-- once more under the same key.
 UPDATE outbox o
-SET available_at = now() + @lease::interval,
+SET state        = 'pending',
+    available_at = now() + @lease::interval,
     lease_token  = gen_random_uuid(),
     claimed_by   = @claimed_by,
     attempts     = o.attempts + 1
 FROM (
     SELECT id FROM outbox
-    WHERE state = 'pending' AND available_at <= now()
+    WHERE state IN ('pending', 'published') AND available_at <= now()
     ORDER BY available_at, id
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
@@ -25,7 +29,8 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           -- Judged by the database's clock, which wrote age_from (the
           -- row's creation, or its last redrive).
-          (o.age_from + @max_age::interval < now())::boolean AS expired;
+          (o.age_from + @max_age::interval < now())::boolean AS expired,
+          (o.age_from + @max_age::interval)::timestamptz AS expires_at;
 
 -- name: LinkStudents :many
 -- Records each returned user id on its student unless the student is
@@ -98,14 +103,19 @@ FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS leas
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending';
 
 -- name: OutboxStats :one
--- For /metrics: how much work waits, and how long the oldest has waited.
+-- For /metrics: how much work waits, and how long the oldest has waited,
+-- pending (not yet handed over) and published (the broker holds the
+-- command, Users has not answered).
 -- The partial index keeps the pending side cheap; the totals are a full
 -- count, fine at scrape intervals for a reference system.
 SELECT count(*) FILTER (WHERE state = 'pending')   AS pending,
+       count(*) FILTER (WHERE state = 'published') AS published,
        count(*) FILTER (WHERE state = 'delivered') AS delivered,
        count(*) FILTER (WHERE state = 'dead')      AS dead,
        COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
-           AS oldest_pending_seconds
+           AS oldest_pending_seconds,
+       COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'published')), 0)::float8
+           AS oldest_published_seconds
 FROM outbox;
 
 -- name: RecordEvents :exec

@@ -11,6 +11,17 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type Answer struct {
+	ID             int64
+	MessageID      uuid.UUID
+	IdempotencyKey uuid.UUID
+	Subject        string
+	Payload        []byte
+	TraceParent    string
+	CreatedAt      time.Time
+	PublishedAt    pgtype.Timestamptz
+}
+
 type Inbox struct {
 	IdempotencyKey string
 	RequestHash    []byte
@@ -21,6 +32,17 @@ type Inbox struct {
 	Replays        int32
 	CreatedAt      time.Time
 	Caller         string
+}
+
+type ParkedCommand struct {
+	Stream         string
+	StreamSequence int64
+	Subject        string
+	Headers        []byte
+	Data           []byte
+	Reason         string
+	Deliveries     int32
+	ParkedAt       time.Time
 }
 
 type User struct {

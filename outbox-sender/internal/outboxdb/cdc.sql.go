@@ -16,13 +16,14 @@ import (
 const claimDueLeavingNew = `-- name: ClaimDueLeavingNew :many
 
 UPDATE outbox o
-SET available_at = now() + $1::interval,
+SET state        = 'pending',
+    available_at = now() + $1::interval,
     lease_token  = gen_random_uuid(),
     claimed_by   = $2,
     attempts     = o.attempts + 1
 FROM (
     SELECT id FROM outbox
-    WHERE state = 'pending' AND available_at <= now()
+    WHERE state IN ('pending', 'published') AND available_at <= now()
       AND (attempts > 0 OR redrives > 0 OR available_at <= now() - $3::interval)
     ORDER BY available_at, id
     LIMIT $4
@@ -31,7 +32,8 @@ FROM (
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
-          (o.age_from + $5::interval < now())::boolean AS expired
+          (o.age_from + $5::interval < now())::boolean AS expired,
+          (o.age_from + $5::interval)::timestamptz AS expires_at
 `
 
 type ClaimDueLeavingNewParams struct {
@@ -53,6 +55,7 @@ type ClaimDueLeavingNewRow struct {
 	CreatedAt      time.Time
 	TraceParent    pgtype.Text
 	Expired        bool
+	ExpiresAt      time.Time
 }
 
 // The change-data-capture source's queries (outbox-sender/cdc). Each claim
@@ -91,6 +94,7 @@ func (q *Queries) ClaimDueLeavingNew(ctx context.Context, db DBTX, arg ClaimDueL
 			&i.CreatedAt,
 			&i.TraceParent,
 			&i.Expired,
+			&i.ExpiresAt,
 		); err != nil {
 			return nil, err
 		}
@@ -117,7 +121,8 @@ FROM (
 WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
-          (o.age_from + $4::interval < now())::boolean AS expired
+          (o.age_from + $4::interval < now())::boolean AS expired,
+          (o.age_from + $4::interval)::timestamptz AS expires_at
 `
 
 type ClaimStreamedParams struct {
@@ -138,6 +143,7 @@ type ClaimStreamedRow struct {
 	CreatedAt      time.Time
 	TraceParent    pgtype.Text
 	Expired        bool
+	ExpiresAt      time.Time
 }
 
 // Claims the rows whose inserts the stream announced, as ClaimDue claims
@@ -173,6 +179,7 @@ func (q *Queries) ClaimStreamed(ctx context.Context, db DBTX, arg ClaimStreamedP
 			&i.CreatedAt,
 			&i.TraceParent,
 			&i.Expired,
+			&i.ExpiresAt,
 		); err != nil {
 			return nil, err
 		}

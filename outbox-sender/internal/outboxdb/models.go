@@ -47,6 +47,8 @@ type Outbox struct {
 	TraceParent           pgtype.Text
 	AttemptsBeforeRedrive int32
 	KeyMintedAt           time.Time
+	PublishedAt           pgtype.Timestamptz
+	PublishedSeq          pgtype.Int8
 }
 
 type OutboxEvent struct {
@@ -60,6 +62,14 @@ type OutboxEvent struct {
 	Error          pgtype.Text
 	Actor          string
 	IdempotencyKey uuid.UUID
+}
+
+type ReplyInbox struct {
+	MessageID      uuid.UUID
+	IdempotencyKey uuid.UUID
+	OutboxID       pgtype.Int8
+	Outcome        string
+	ReceivedAt     time.Time
 }
 
 type Student struct {

@@ -16,13 +16,14 @@ import (
 const claimDue = `-- name: ClaimDue :many
 
 UPDATE outbox o
-SET available_at = now() + $1::interval,
+SET state        = 'pending',
+    available_at = now() + $1::interval,
     lease_token  = gen_random_uuid(),
     claimed_by   = $2,
     attempts     = o.attempts + 1
 FROM (
     SELECT id FROM outbox
-    WHERE state = 'pending' AND available_at <= now()
+    WHERE state IN ('pending', 'published') AND available_at <= now()
     ORDER BY available_at, id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -32,7 +33,8 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           -- Judged by the database's clock, which wrote age_from (the
           -- row's creation, or its last redrive).
-          (o.age_from + $4::interval < now())::boolean AS expired
+          (o.age_from + $4::interval < now())::boolean AS expired,
+          (o.age_from + $4::interval)::timestamptz AS expires_at
 `
 
 type ClaimDueParams struct {
@@ -53,6 +55,7 @@ type ClaimDueRow struct {
 	CreatedAt      time.Time
 	TraceParent    pgtype.Text
 	Expired        bool
+	ExpiresAt      time.Time
 }
 
 // The outbox sender's queries. They run against Student's database, the
@@ -63,6 +66,9 @@ type ClaimDueRow struct {
 // if this sender dies mid-delivery the row becomes due again and another
 // sender takes it. The lease token fences the sender's later writes: only
 // the holder of the current token may reschedule or dead-letter the row.
+// A published row whose answer has not come by its available_at is due
+// too (SENDER_TRANSPORT=nats): claimed, it is pending again, and published
+// once more under the same key.
 func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]ClaimDueRow, error) {
 	rows, err := db.Query(ctx, claimDue,
 		arg.Lease,
@@ -88,6 +94,7 @@ func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]
 			&i.CreatedAt,
 			&i.TraceParent,
 			&i.Expired,
+			&i.ExpiresAt,
 		); err != nil {
 			return nil, err
 		}
@@ -215,21 +222,28 @@ func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) ([]
 
 const outboxStats = `-- name: OutboxStats :one
 SELECT count(*) FILTER (WHERE state = 'pending')   AS pending,
+       count(*) FILTER (WHERE state = 'published') AS published,
        count(*) FILTER (WHERE state = 'delivered') AS delivered,
        count(*) FILTER (WHERE state = 'dead')      AS dead,
        COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
-           AS oldest_pending_seconds
+           AS oldest_pending_seconds,
+       COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state = 'published')), 0)::float8
+           AS oldest_published_seconds
 FROM outbox
 `
 
 type OutboxStatsRow struct {
-	Pending              int64
-	Delivered            int64
-	Dead                 int64
-	OldestPendingSeconds float64
+	Pending                int64
+	Published              int64
+	Delivered              int64
+	Dead                   int64
+	OldestPendingSeconds   float64
+	OldestPublishedSeconds float64
 }
 
-// For /metrics: how much work waits, and how long the oldest has waited.
+// For /metrics: how much work waits, and how long the oldest has waited,
+// pending (not yet handed over) and published (the broker holds the
+// command, Users has not answered).
 // The partial index keeps the pending side cheap; the totals are a full
 // count, fine at scrape intervals for a reference system.
 func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (OutboxStatsRow, error) {
@@ -237,9 +251,11 @@ func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (OutboxStatsRow, err
 	var i OutboxStatsRow
 	err := row.Scan(
 		&i.Pending,
+		&i.Published,
 		&i.Delivered,
 		&i.Dead,
 		&i.OldestPendingSeconds,
+		&i.OldestPublishedSeconds,
 	)
 	return i, err
 }

@@ -7,6 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outboxref/internal/database"
 )
 
 // noFlushWait runs each claim in a transaction whose commit does not wait
@@ -29,18 +31,9 @@ type noFlushWait struct{ pool *pgxpool.Pool }
 const noFlushWaitSQL = "SELECT set_config('synchronous_commit', 'off', true)"
 
 func (n noFlushWait) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	batch := &pgx.Batch{}
-	batch.Queue(noFlushWaitSQL)
-	batch.Queue(sql, args...)
-	results := n.pool.SendBatch(ctx, batch)
-	if _, err := results.Exec(); err != nil {
-		return nil, errors.Join(err, results.Close())
-	}
-	rows, err := results.Query() //nolint:rowserrcheck // the caller reads the rows and their Err
-	if err != nil {
-		return nil, errors.Join(err, results.Close())
-	}
-	return &batchRows{Rows: rows, results: results}, nil
+	before := &pgx.Batch{}
+	before.Queue(noFlushWaitSQL)
+	return database.QueryAfter(ctx, n.pool, before.QueuedQueries, sql, args...) //nolint:rowserrcheck // the caller reads the rows and their Err
 }
 
 // The claims only query; Exec and QueryRow complete outboxdb.DBTX.
@@ -49,41 +42,5 @@ func (n noFlushWait) Exec(context.Context, string, ...any) (pgconn.CommandTag, e
 }
 
 func (n noFlushWait) QueryRow(context.Context, string, ...any) pgx.Row {
-	return errRow{errors.New("store: noFlushWait runs queries only")}
+	return database.ErrRow{Err: errors.New("store: noFlushWait runs queries only")}
 }
-
-// batchRows closes the batch, which ends the transaction and returns the
-// connection to the pool, as soon as the claim's last row is read: the
-// commit's outcome then shows in Err, which callers read before Close.
-type batchRows struct {
-	pgx.Rows
-	results pgx.BatchResults
-	err     error
-}
-
-func (r *batchRows) Next() bool {
-	if r.Rows.Next() {
-		return true
-	}
-	r.Close()
-	return false
-}
-
-func (r *batchRows) Close() {
-	r.Rows.Close()
-	if r.results != nil {
-		r.err = r.results.Close()
-		r.results = nil
-	}
-}
-
-func (r *batchRows) Err() error {
-	if err := r.Rows.Err(); err != nil {
-		return err
-	}
-	return r.err
-}
-
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }

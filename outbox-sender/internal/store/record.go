@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/database"
@@ -18,11 +17,15 @@ import (
 // Result is what came of one claimed row, to be recorded.
 type Result struct {
 	Row     Row
-	Outcome string    // outbox.OutcomeDelivered, OutcomeRetry, OutcomeDead or OutcomeReleased
+	Outcome string    // outbox.OutcomeDelivered, OutcomeRetry, OutcomeDead, OutcomeReleased or OutcomePublished
 	UserID  uuid.UUID // the user Users answered with (delivered)
 	Class   string    // why it failed (retry, dead): one of outbox.ReasonClasses
 	Error   string
-	Delay   time.Duration // until the next attempt (retry)
+	// Delay is the wait until the next attempt (retry), or until the row
+	// is published again if no answer comes (published).
+	Delay time.Duration
+	// Seq is the command's sequence in the broker's stream (published).
+	Seq uint64
 	// Lapsed: released because the lease ran out before the send, not
 	// because the sender is stopping.
 	Lapsed bool
@@ -51,44 +54,66 @@ const HistoryKeep = 20
 // scheduled (never past l.MaxAge) and dead letters written, each only by
 // the holder of the row's lease, rows handed back, and an event per attempt
 // in each row's history, naming l.Holder.
+//
+// BEGIN rides with the first statement and COMMIT with the history
+// (database.Tx), so a batch of deliveries, the common case, costs two
+// round trips: the links, then the history with the commit.
 func (s *Store) Record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
-	var rec Recorded
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// A retried transaction starts over.
-		rec = Recorded{Applied: map[int64]bool{}, Conflicts: map[int64]uuid.UUID{}}
-		w := sortResults(batch)
-		w.retries.MaxAge = l.MaxAge
-		if err := s.link(ctx, tx, w, &rec); err != nil {
-			return err
-		}
-		if len(w.retries.Ids) > 0 {
-			ids, err := s.q.ScheduleRetries(ctx, tx, w.retries)
-			if err != nil {
-				return fmt.Errorf("schedule retries: %w", err)
-			}
-			rec.apply(ids)
-		}
-		if len(w.deaths.Ids) > 0 {
-			ids, err := s.q.MarkDead(ctx, tx, w.deaths)
-			if err != nil {
-				return fmt.Errorf("dead-letter rows: %w", err)
-			}
-			rec.apply(ids)
-		}
-		if len(w.releases.Ids) > 0 {
-			n, err := s.q.Release(ctx, tx, w.releases)
-			if err != nil {
-				return fmt.Errorf("release rows: %w", err)
-			}
-			rec.Released = n
-		}
-		crashpoint.Pause(crashpoint.SenderInRecord)
-		return s.recordHistory(ctx, tx, l.Holder, batch, rec)
-	})
+	rec, err := s.record(ctx, l, batch)
 	if err != nil {
 		return Recorded{}, database.Classify(err)
+	}
+	return rec, nil
+}
+
+func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
+	tx, err := database.Begin(ctx, s.pool, nil)
+	defer tx.End(ctx)
+	if err != nil {
+		return Recorded{}, err
+	}
+	rec := Recorded{Applied: map[int64]bool{}, Conflicts: map[int64]uuid.UUID{}}
+	w := sortResults(batch)
+	w.retries.MaxAge = l.MaxAge
+	if err := s.link(ctx, tx, w, &rec); err != nil {
+		return Recorded{}, err
+	}
+	if len(w.retries.Ids) > 0 {
+		ids, err := s.q.ScheduleRetries(ctx, tx, w.retries)
+		if err != nil {
+			return Recorded{}, fmt.Errorf("schedule retries: %w", err)
+		}
+		rec.apply(ids)
+	}
+	if len(w.deaths.Ids) > 0 {
+		ids, err := s.q.MarkDead(ctx, tx, w.deaths)
+		if err != nil {
+			return Recorded{}, fmt.Errorf("dead-letter rows: %w", err)
+		}
+		rec.apply(ids)
+	}
+	if len(w.published.Ids) > 0 {
+		w.published.MaxAge = l.MaxAge
+		ids, err := s.q.RecordPublished(ctx, tx, w.published)
+		if err != nil {
+			return Recorded{}, fmt.Errorf("record publishes: %w", err)
+		}
+		rec.apply(ids)
+	}
+	if len(w.releases.Ids) > 0 {
+		n, err := s.q.Release(ctx, tx, w.releases)
+		if err != nil {
+			return Recorded{}, fmt.Errorf("release rows: %w", err)
+		}
+		rec.Released = n
+	}
+	crashpoint.Pause(crashpoint.SenderInRecord)
+	history := &database.Later{}
+	s.recordHistory(ctx, history, l.Holder, batch, rec)
+	if err := tx.Commit(ctx, &history.Batch); err != nil {
+		return Recorded{}, fmt.Errorf("record history and commit: %w", err)
 	}
 	return rec, nil
 }
@@ -107,6 +132,8 @@ type writes struct {
 	retries  outboxdb.ScheduleRetriesParams
 	deaths   outboxdb.MarkDeadParams
 	releases outboxdb.ReleaseParams
+	// published are the rows whose commands the broker acknowledged.
+	published outboxdb.RecordPublishedParams
 }
 
 func sortResults(batch []Result) *writes {
@@ -126,6 +153,11 @@ func sortResults(batch []Result) *writes {
 			w.retries.ReasonClasses = append(w.retries.ReasonClasses, r.Class)
 		case outbox.OutcomeDead:
 			w.dead(r.Row.ID, r.Row.LeaseToken, r.Error, r.Class)
+		case outbox.OutcomePublished:
+			w.published.Ids = append(w.published.Ids, r.Row.ID)
+			w.published.LeaseTokens = append(w.published.LeaseTokens, r.Row.LeaseToken)
+			w.published.Seqs = append(w.published.Seqs, int64(r.Seq)) //nolint:gosec // a stream's sequence stays far below 2^63
+			w.published.Waits = append(w.published.Waits, r.Delay)
 		case outbox.OutcomeReleased:
 			w.releases.Ids = append(w.releases.Ids, r.Row.ID)
 			w.releases.LeaseTokens = append(w.releases.LeaseTokens, r.Row.LeaseToken)
@@ -146,7 +178,7 @@ func (w *writes) dead(id int64, lease uuid.UUID, msg, class string) {
 // overwritten: its row is dead-lettered as a conflict instead, without the
 // lease's fence (the answer is a fact about the key, not the lease; the nil
 // token skips the fence in MarkDead).
-func (s *Store) link(ctx context.Context, tx pgx.Tx, w *writes, rec *Recorded) error {
+func (s *Store) link(ctx context.Context, tx *database.Tx, w *writes, rec *Recorded) error {
 	if len(w.link.StudentIds) == 0 {
 		return nil
 	}
@@ -178,15 +210,15 @@ func ConflictError(answered uuid.UUID) string {
 	return fmt.Sprintf("student is already linked to a different user; Users answered %s", answered)
 }
 
-// recordHistory adds an event per attempt of the batch to the rows'
-// histories, trimming each to its newest HistoryKeep events (one
-// statement, RecordEvents). Rows handed back were not attempted, and a
-// retry or dead-letter that was not applied (another sender took the
-// lease over) is that sender's to tell.
-func (s *Store) recordHistory(ctx context.Context, tx pgx.Tx, actor string, batch []Result, rec Recorded) error {
+// recordHistory queues in history an event per attempt of the batch for
+// the rows' histories, trimming each to its newest HistoryKeep events (one
+// statement, RecordEvents), to be sent with the commit. Rows handed back
+// were not attempted, and a retry or dead-letter that was not applied
+// (another sender took the lease over) is that sender's to tell.
+func (s *Store) recordHistory(ctx context.Context, history *database.Later, actor string, batch []Result, rec Recorded) {
 	ev := outboxdb.RecordEventsParams{Kind: "attempt", Actor: actor, Keep: HistoryKeep}
 	for _, r := range batch {
-		if r.Outcome == outbox.OutcomeReleased || (r.Outcome == outbox.OutcomeRetry || r.Outcome == outbox.OutcomeDead) && !rec.Applied[r.Row.ID] {
+		if r.Outcome == outbox.OutcomeReleased || (r.Outcome == outbox.OutcomeRetry || r.Outcome == outbox.OutcomeDead || r.Outcome == outbox.OutcomePublished) && !rec.Applied[r.Row.ID] {
 			continue
 		}
 		outcome, class, why := r.Outcome, r.Class, r.Error
@@ -200,13 +232,9 @@ func (s *Store) recordHistory(ctx context.Context, tx pgx.Tx, actor string, batc
 		ev.Errors = append(ev.Errors, cleanError(why))
 		ev.IdempotencyKeys = append(ev.IdempotencyKeys, r.Row.IdempotencyKey)
 	}
-	if len(ev.OutboxIds) == 0 {
-		return nil
+	if len(ev.OutboxIds) > 0 {
+		_ = s.q.RecordEvents(ctx, history, ev) // queued: it cannot fail now
 	}
-	if err := s.q.RecordEvents(ctx, tx, ev); err != nil {
-		return fmt.Errorf("record history: %w", err)
-	}
-	return nil
 }
 
 // cleanError makes an error message storable: PostgreSQL text holds no NUL

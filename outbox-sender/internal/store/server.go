@@ -19,20 +19,28 @@ import (
 
 // Stats are the outbox's figures across every sender.
 type Stats struct {
-	Pending, Delivered, Dead int64
+	Pending, Published, Delivered, Dead int64
 	// OldestPending is the age of the oldest pending row (0 when none).
 	OldestPending time.Duration
+	// OldestPublished is the age of the oldest published row, waiting
+	// for Users' answer through the broker (0 when none).
+	OldestPublished time.Duration
 }
 
-// Stats reads the outbox's figures; the caller bounds it with ctx.
+// Stats reads the outbox's figures within SENDER_DATABASE_TIMEOUT (or
+// ctx's deadline, if sooner). The bound is its own, as every other read's:
+// a caller that forgot one would wait on a frozen connection for ever.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
 	st, err := s.q.OutboxStats(ctx, s.pool)
 	if err != nil {
 		return Stats{}, fmt.Errorf("read outbox stats: %w", database.Classify(err))
 	}
 	return Stats{
-		Pending: st.Pending, Delivered: st.Delivered, Dead: st.Dead,
-		OldestPending: time.Duration(st.OldestPendingSeconds * float64(time.Second)),
+		Pending: st.Pending, Published: st.Published, Delivered: st.Delivered, Dead: st.Dead,
+		OldestPending:   time.Duration(st.OldestPendingSeconds * float64(time.Second)),
+		OldestPublished: time.Duration(st.OldestPublishedSeconds * float64(time.Second)),
 	}, nil
 }
 
@@ -40,14 +48,22 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 // per statement, and returns how many it deleted. Dead rows are never
 // purged.
 func (s *Store) PurgeDelivered(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
+	return s.purge(ctx, batch, "purge delivered rows", func(ctx context.Context) (int64, error) {
+		return s.q.PurgeDelivered(ctx, s.pool, outboxdb.PurgeDeliveredParams{Retention: retention, BatchSize: batch})
+	})
+}
+
+// purge runs one purge statement until it deletes fewer than batch rows,
+// each within its own deadline, and returns how many rows went.
+func (s *Store) purge(ctx context.Context, batch int32, what string, statement func(context.Context) (int64, error)) (int64, error) {
 	var total int64
 	for {
 		bctx, cancel := database.WithDeadline(ctx, s.timeout)
-		n, err := s.q.PurgeDelivered(bctx, s.pool, outboxdb.PurgeDeliveredParams{Retention: retention, BatchSize: batch})
+		n, err := statement(bctx)
 		cancel()
 		total += n
 		if err != nil {
-			return total, fmt.Errorf("purge delivered rows: %w", database.Classify(err))
+			return total, fmt.Errorf("%s: %w", what, database.Classify(err))
 		}
 		if n < int64(batch) {
 			return total, nil

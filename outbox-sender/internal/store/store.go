@@ -50,6 +50,10 @@ type Row struct {
 	// Expired: the operation is older than the claim's MaxAge, counted
 	// from its creation or last redrive. It is dead-lettered, not sent.
 	Expired bool
+	// ExpiresAt is when the row expires by the database's clock: its
+	// creation or last redrive plus SENDER_MAX_AGE. A command published
+	// to the broker carries it, and Users does not act on it later.
+	ExpiresAt time.Time
 	// LeaseEnds is when the claim's lease runs out at the latest, by the
 	// sender's own clock (the claim's start plus SENDER_LEASE); the engine
 	// sets it. The zero time: unknown.
@@ -120,13 +124,14 @@ type claimRow struct {
 	CreatedAt      time.Time
 	TraceParent    pgtype.Text
 	Expired        bool
+	ExpiresAt      time.Time
 }
 
 func fromClaim(r claimRow) Row {
 	return Row{
 		ID: r.ID, StudentID: r.StudentID, IdempotencyKey: r.IdempotencyKey, Operation: r.Operation,
 		Payload: r.Payload, Attempts: int(r.Attempts), LeaseToken: r.LeaseToken, CreatedAt: r.CreatedAt,
-		TraceParent: r.TraceParent.String, Expired: r.Expired,
+		TraceParent: r.TraceParent.String, Expired: r.Expired, ExpiresAt: r.ExpiresAt,
 	}
 }
 

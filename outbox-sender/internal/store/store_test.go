@@ -195,3 +195,34 @@ func TestNewKeySafeIsTheStoresRule(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, forced, len(outbox.ReasonClasses)-len(outbox.NewKeySafe))
 }
+
+// TestRecordRoundTrips counts what recording sends to the database: each
+// batch is one round trip, and every answer waits for all of them. A batch
+// of deliveries: BEGIN with the links, then the history with COMMIT; a
+// batch of retries, BEGIN with the retries instead.
+func TestRecordRoundTrips(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	pgtest.AddStudents(t, pool, 3)
+	traced, trips := pgtest.TracedPool(t, pool.Config().ConnString(), migrations.OutboxSender)
+	st := New(traced, 3*time.Second)
+	ctx := context.Background()
+	rows, err := st.ClaimDue(ctx, lease, 3)
+	require.NoError(t, err)
+	require.Len(t, rows, 3)
+
+	trips.Take()
+	_, err = st.Record(ctx, lease, []Result{
+		{Row: rows[0], Outcome: outbox.OutcomeDelivered, UserID: uuid.New()},
+		{Row: rows[1], Outcome: outbox.OutcomeDelivered, UserID: uuid.New()},
+	})
+	require.NoError(t, err)
+	require.Len(t, trips.Take(), 2, "deliveries")
+	require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'"))
+	require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'delivered'"))
+
+	_, err = st.Record(ctx, lease, []Result{{Row: rows[2], Outcome: outbox.OutcomeRetry, Error: "refused", Delay: time.Second}})
+	require.NoError(t, err)
+	require.Len(t, trips.Take(), 2, "a retry: BEGIN with the retry, then the history with COMMIT")
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'retry'"))
+}

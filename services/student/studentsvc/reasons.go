@@ -20,9 +20,10 @@ const ReasonUnknown = "unknown"
 // has no sentence.
 var reasonMessages = map[string]string{
 	// The sender keeps retrying these.
-	outbox.ReasonUsersUnreachable: "Users unreachable, retrying",
-	outbox.ReasonUsersUnavailable: "Users unavailable, retrying",
-	outbox.ReasonKeyInProgress:    "Users is still processing this request, retrying",
+	outbox.ReasonUsersUnreachable:  "Users unreachable, retrying",
+	outbox.ReasonBrokerUnreachable: "message broker unreachable, retrying",
+	outbox.ReasonUsersUnavailable:  "Users unavailable, retrying",
+	outbox.ReasonKeyInProgress:     "Users is still processing this request, retrying",
 	// Users refused the sender's credentials: a misconfiguration, retried.
 	outbox.ReasonUsersAuthRefused: "Delayed by a configuration problem between the services, retrying",
 	// A stray answer is retried; a 2xx without a user id is given up on.

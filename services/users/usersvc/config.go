@@ -44,6 +44,19 @@ type Config struct {
 	AdminAllowedHosts []string // USERS_ADMIN_ALLOWED_HOSTS
 	// DBMaxConns is the size of the pool on Users' database.
 	DBMaxConns int // USERS_DB_MAX_CONNS
+
+	// NATSURL is the broker (comma-separated servers); with none, Users
+	// takes commands over HTTP only.
+	NATSURL string // USERS_NATS_URL
+	// NATSPassword is the password of Users' NATS user (natsbus.UsersUser).
+	NATSPassword auth.Secret // USERS_NATS_PASSWORD or USERS_NATS_PASSWORD_FILE
+	// NATSCaller is the caller whose scope the broker's idempotency keys
+	// live in: the sender's caller name over HTTP, so that a key first
+	// sent over HTTP and then through the broker replays.
+	NATSCaller string // USERS_NATS_CALLER
+	// CommandMaxDeliveries is how many times a command Users cannot read is
+	// delivered before it is parked.
+	CommandMaxDeliveries int // USERS_COMMAND_MAX_DELIVERIES
 }
 
 // LoadConfig reads Config through getenv. The Reader it returns lists the
@@ -80,6 +93,20 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		DBMaxConns: e.Int("USERS_DB_MAX_CONNS", 32, 1, 1000),
 	}
 	c.Callers = auth.CallersVar(e, "USERS_API_TOKENS", "caller", "caller:token")
+	c.NATSURL = e.URLList("USERS_NATS_URL", "", "nats", "tls", "ws", "wss")
+	c.NATSPassword = auth.Secret(e.Secret("USERS_NATS_PASSWORD"))
+	if c.NATSURL != "" {
+		e.Require("USERS_NATS_PASSWORD", string(c.NATSPassword), "USERS_NATS_URL is set, and Users logs in to the broker as its own NATS user")
+	}
+	c.NATSCaller = e.String("USERS_NATS_CALLER", "outbox-sender")
+	e.Check(auth.IsCallerName(c.NATSCaller),
+		"USERS_NATS_CALLER=%q: want a caller name (lowercase letters, digits and hyphens, up to 32)", c.NATSCaller)
+	// A few deliveries, not one: a command this Users cannot read may be
+	// from a newer sender, and a newer Users rolling out beside this one
+	// may read it on its next delivery. Not unbounded either: a command
+	// nobody can read would come back for ever, and the operator should
+	// see it parked.
+	c.CommandMaxDeliveries = e.Int("USERS_COMMAND_MAX_DELIVERIES", 5, 1, 100)
 	// The wait for a key happens inside the transaction: a deadline no
 	// longer than the wait would end it as "database unavailable" (503)
 	// before it could end as "key in progress" (409).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -15,7 +16,9 @@ import (
 )
 
 // Run runs Users until ctx ends: the API, the admin listener (/metrics,
-// /healthz, /readyz), and the loop that purges expired inbox rows. args may
+// /healthz, /readyz), the loops that purge expired inbox rows and
+// published answers, and with USERS_NATS_URL the broker's consumer of
+// commands and relay of answers. args may
 // be "migrate" or "healthcheck" (see service.Binary).
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	cfg, e, _ := LoadConfig(getenv)
@@ -41,11 +44,19 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				s.store.Inbox.PurgeLoop(ctx, log, cfg.InboxRetention, cfg.PurgeInterval)
 				return nil
 			}
-			return []service.Part{
+			parts := []service.Part{
 				service.Server(log, "api", "USERS_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
 				service.Server(log, "admin", "USERS_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, s.AdminRoutes()),
 				{Name: "inbox purge", Run: purge},
+				{Name: "answer purge", Run: func(ctx context.Context) error {
+					s.purgeAnswers(ctx, cfg.InboxRetention, cfg.PurgeInterval)
+					return nil
+				}},
 			}
+			if cfg.NATSURL != "" {
+				parts = append(parts, newBroker(s, cfg, brokerConn(cfg)).part())
+			}
+			return parts
 		},
 	}.Run(ctx, args, stdout)
 }
@@ -60,5 +71,27 @@ func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
 		log: log, store: store.New(pool, cfg.KeyWait, cfg.DatabaseTimeout), auth: auth.NewTokens(cfg.Callers),
 		metrics: m, registry: reg, observe: httpapi.RequestMetrics(reg),
 		adminHosts: cfg.AdminAllowedHosts,
+	}
+}
+
+// purgeAnswers deletes published answers older than retention every
+// interval until ctx ends: an answer is kept as long as the key it answers
+// is remembered.
+func (s *Server) purgeAnswers(ctx context.Context, retention, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		n, err := s.store.PurgeAnswers(ctx, retention, 1000)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.log.Error("answer purge failed", slog.String("error", err.Error()))
+		case n > 0:
+			s.log.Info("answers purged", slog.Int64("rows", n), slog.Duration("retention", retention))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }

@@ -94,17 +94,25 @@ type AnswerFunc func(Student, error) (inbox.Outcome, error)
 // call is a new operation. Once a new row is committed, the sender is woken
 // for it.
 func (s *Store) CreateStudent(ctx context.Context, caller, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
-	wrote := false // set by the transaction that wrote the outbox row
+	// Set by the transaction that wrote the outbox row; rode: its commit
+	// carries the sender's wake-up (outboxwake.Notifier.Ride).
+	wrote, rode := false, false
 	// The request's trace context, read here: inside the inbox the
 	// context also carries the inbox transaction's span, and the
 	// deliveries belong under the request, keyed or not.
 	traceParent := telemetry.TraceParent(ctx)
-	op := func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
+	op := func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
 		st, err := s.insertStudent(ctx, tx, p, traceParent)
 		if err != nil && !errors.Is(err, ErrDocumentTaken) {
 			return inbox.Outcome{}, err
 		}
 		wrote = err == nil
+		if wrote {
+			if wake, ok := s.Wake.Ride(); ok {
+				tx.AfterCommit(wake, func(error) { s.Wake.Kick() })
+				rode = true
+			}
+		}
 		return answer(st, err)
 	}
 	if key == "" {
@@ -113,7 +121,7 @@ func (s *Store) CreateStudent(ctx context.Context, caller, key string, p person.
 		// Keys are scoped to their caller, as in Users.
 		out, replayed, err = s.Inbox.Do(ctx, inbox.Key{Caller: caller, Value: key}, p.Fields(), op)
 	}
-	if err == nil && wrote {
+	if err == nil && wrote && !rode {
 		s.Wake.Kick()
 	}
 	return out, replayed, err
@@ -126,7 +134,7 @@ func (s *Store) CreateStudent(ctx context.Context, caller, key string, p person.
 // delivery, and a payload fixed now, so every delivery sends the same
 // request; it also keeps the request's trace context, so that one trace
 // follows the operation through all its deliveries.
-func (s *Store) insertStudent(ctx context.Context, tx pgx.Tx, p person.Person, traceParent string) (Student, error) {
+func (s *Store) insertStudent(ctx context.Context, tx *database.Tx, p person.Person, traceParent string) (Student, error) {
 	payload, err := json.Marshal(p)
 	if err != nil {
 		return Student{}, fmt.Errorf("encode outbox payload: %w", err)

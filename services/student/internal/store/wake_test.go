@@ -52,3 +52,26 @@ func TestNewRowsWakeTheSender(t *testing.T) {
 	create("", "111-1")
 	require.False(t, notified(), "a taken document number wrote nothing")
 }
+
+// TestCommitCarriesTheWakeUp: a student's commit carries its notification
+// in the commit's round trip, with no notifier running and no round trip
+// of its own.
+func TestCommitCarriesTheWakeUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t, migrations.Student)
+	pool, trips := pgtest.TracedPool(t, url, migrations.StudentApp)
+	s := New(pool, time.Second, 5*time.Second)
+	listener := pgtest.Listen(t, url, migrations.OutboxSender, outboxwake.Channel)
+	answer := func(st Student, err error) (inbox.Outcome, error) {
+		return inbox.Outcome{Status: http.StatusCreated, Body: []byte(`{}`), ResourceID: st.ID}, err
+	}
+
+	trips.Take()
+	_, _, err := s.CreateStudent(ctx, "client", "", person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: "111-1"}, answer)
+	require.NoError(t, err)
+	got := trips.Take()
+	require.Len(t, got, 2, "BEGIN with the insert, then COMMIT with the notification")
+	require.Contains(t, got[1], "pg_notify")
+	require.Positive(t, listener.Count(2*time.Second), "the commit woke the sender")
+}

@@ -1,6 +1,8 @@
 // Package store is Users' store boundary: the only code that talks to
-// Users' database. It returns its own errors (ErrNotFound, ErrDocumentTaken),
-// never pgx's, so the handlers above it know nothing of PostgreSQL.
+// Users' database (users, the inbox and, for the broker transport, the
+// answers its relay publishes and the commands it parked). It returns its
+// own errors (ErrNotFound, ErrDocumentTaken), never pgx's, so the handlers
+// above it know nothing of PostgreSQL.
 package store
 
 import (
@@ -13,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/person"
@@ -70,19 +71,14 @@ type AnswerFunc func(User, error) (inbox.Outcome, error)
 // commit in one transaction. A repeat of key from the same caller gets the
 // stored answer, with replayed set.
 func (s *Store) CreateUser(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
-	return s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
-		u, err := s.insertUser(ctx, tx, p)
-		crashpoint.Pause(crashpoint.UsersInInboxTx)
-		if err != nil && !errors.Is(err, ErrDocumentTaken) {
-			return inbox.Outcome{}, err
-		}
-		return answer(u, err)
+	return s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
+		return s.createUser(ctx, tx, p, answer)
 	})
 }
 
 // insertUser applies the business rule in the database: the partial unique
 // index on enabled users' document numbers.
-func (s *Store) insertUser(ctx context.Context, tx pgx.Tx, p person.Person) (User, error) {
+func (s *Store) insertUser(ctx context.Context, tx *database.Tx, p person.Person) (User, error) {
 	u, err := s.q.InsertUser(ctx, tx, usersdb.InsertUserParams{
 		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
 	})

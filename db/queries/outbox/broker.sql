@@ -1,0 +1,53 @@
+-- The broker transport's queries (SENDER_TRANSPORT=nats): a publish the
+-- broker acknowledged, and Users' answers read from the reply stream.
+
+-- name: RecordPublished :many
+-- The broker holds these rows' commands: each waits as published for
+-- Users' answer, and is due again (published once more, same key) after
+-- its wait, never past its max age. Only the lease holder records it, and
+-- only on a row still pending: an answer applied meanwhile (a reply can
+-- overtake the recording of its own publish) wins.
+UPDATE outbox o
+SET state = 'published', published_at = now(), published_seq = d.seq,
+    available_at = LEAST(now() + d.wait, o.age_from + @max_age::interval),
+    lease_token = NULL, last_error = NULL, reason_class = NULL
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
+             unnest(@seqs::bigint[]) AS seq, unnest(@waits::interval[]) AS wait) d
+WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
+RETURNING o.id;
+
+-- name: LockRowForReply :one
+-- The row an answer is for, locked for the reply's transaction, with its
+-- student's current link.
+SELECT o.id, o.student_id, o.state, o.attempts, o.created_at, s.user_id AS student_user_id
+FROM outbox o
+JOIN students s ON s.id = o.student_id
+WHERE o.idempotency_key = @idempotency_key
+FOR UPDATE OF o;
+
+-- name: ReceiveReply :one
+-- Enters a reply into the sender's inbox. No row back: the broker
+-- delivered the same reply again, and it was applied already.
+INSERT INTO reply_inbox (message_id, idempotency_key, outbox_id, outcome)
+VALUES (@message_id, @idempotency_key, sqlc.narg('outbox_id'), @outcome)
+ON CONFLICT (message_id) DO NOTHING
+RETURNING message_id;
+
+-- name: MarkDeadByReply :execrows
+-- Users refused the operation, or its user cannot be linked (the student
+-- has another): the row is dead whatever lease it is under.
+UPDATE outbox
+SET state = 'dead', dead_at = now(), last_error = @error, reason_class = @reason_class, lease_token = NULL
+WHERE id = @id AND state IN ('pending', 'published');
+
+-- name: PurgeReplies :execrows
+-- Forgets replies received before the retention. No FOR UPDATE: that
+-- takes the UPDATE privilege, which the sender's role has no need of on
+-- this table; two purges at once only wait for each other.
+DELETE FROM reply_inbox
+WHERE message_id IN (
+    SELECT message_id FROM reply_inbox
+    WHERE received_at < now() - @retention::interval
+    ORDER BY received_at
+    LIMIT @batch_size
+);

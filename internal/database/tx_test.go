@@ -1,0 +1,283 @@
+package database
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+// txPool is a pool of one connection on an empty database with a table t,
+// whose round trips are recorded.
+func txPool(t *testing.T) (*pgxpool.Pool, *pgtest.Trips, *pgxpool.Pool) {
+	t.Helper()
+	dbURL := pgtest.EmptyURL(t)
+	admin := pgtest.Connect(t, dbURL)
+	_, err := admin.Exec(context.Background(), "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	trips := &pgtest.Trips{}
+	cfg.ConnConfig.Tracer = trips
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, trips, admin
+}
+
+func insert(id int, note string) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue("INSERT INTO t (id, note) VALUES ($1, $2)", id, note)
+	return b
+}
+
+// TestTxRidesOnItsStatements: BEGIN goes out with the first statement and
+// COMMIT with the last, so a transaction of a read and a write costs two
+// round trips, and what it wrote is there afterwards.
+func TestTxRidesOnItsStatements(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, admin := txPool(t)
+	trips.Take()
+
+	first := &pgx.Batch{}
+	first.Queue("SELECT set_config('lock_timeout', '1500ms', true)")
+	tx, err := Begin(ctx, pool, first)
+	require.NoError(t, err)
+	require.Empty(t, trips.Take(), "nothing is sent by Begin")
+	var timeout string
+	require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&timeout))
+	require.Equal(t, "1500ms", timeout, "Begin's statements ran first, in the transaction")
+	require.NoError(t, tx.Commit(ctx, insert(1, "one")))
+	tx.End(ctx)
+	require.Len(t, trips.Take(), 2, "BEGIN with the read, the write with COMMIT")
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 1"))
+
+	var off string
+	require.NoError(t, pool.QueryRow(ctx, "SHOW lock_timeout").Scan(&off))
+	require.Equal(t, "0", off, "the setting was local to the transaction")
+}
+
+// TestTxFailureCommitsNothing: a statement that fails in Commit's batch
+// keeps COMMIT from running; End rolls back what came before it, and the
+// pool's one connection is idle and usable again.
+func TestTxFailureCommitsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _, admin := txPool(t)
+	_, err := admin.Exec(ctx, "INSERT INTO t VALUES (7, 'taken')")
+	require.NoError(t, err)
+
+	tx, err := Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO t VALUES (2, 'two')")
+	require.NoError(t, err)
+	last := insert(7, "duplicate")
+	last.Queue("INSERT INTO t VALUES (3, 'three')")
+	err = tx.Commit(ctx, last)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "23505", pgErr.Code)
+	tx.End(ctx)
+	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id IN (2, 3)"), "nothing of the transaction committed")
+
+	// The same (only) connection, back in the pool and out of the
+	// transaction.
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx, insert(4, "four")))
+	tx.End(ctx)
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 4"))
+}
+
+// TestTxEndRollsBack: a transaction ended without Commit leaves nothing,
+// and one that never sent a statement costs no round trip.
+func TestTxEndRollsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, admin := txPool(t)
+	trips.Take()
+
+	tx, err := Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	tx.End(ctx)
+	require.Empty(t, trips.Take())
+
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Send(ctx, insert(5, "five")))
+	rows, err := tx.Query(ctx, "SELECT id FROM t")
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.Equal(t, []int32{5}, ids, "the transaction sees its own write")
+	tx.End(ctx)
+	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM t"))
+}
+
+// TestTxQueryRowWithBegin: the first statement's row comes back through
+// the batch that carried BEGIN, as pgx's QueryRow would give it.
+func TestTxQueryRowWithBegin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _, _ := txPool(t)
+
+	tx, err := Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	var n int
+	require.ErrorIs(t, tx.QueryRow(ctx, "SELECT id FROM t").Scan(&n), pgx.ErrNoRows)
+	tx.End(ctx)
+
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	err = tx.QueryRow(ctx, "SELECT 1/0").Scan(&n)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "22012", pgErr.Code, "division by zero")
+	tx.End(ctx)
+
+	// After the failed statement and the rollback, the connection is
+	// still good.
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.QueryRow(ctx, "SELECT 41 + 1").Scan(&n))
+	require.Equal(t, 42, n)
+	require.NoError(t, tx.Commit(ctx, nil))
+	tx.End(ctx)
+}
+
+// TestLaterQueuesExecs: Later takes statements through Exec, as sqlc's
+// :exec methods send them, and refuses those whose rows would be read.
+func TestLaterQueuesExecs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := &Later{}
+	_, err := l.Exec(ctx, "INSERT INTO t VALUES ($1, $2)", 1, "x")
+	require.NoError(t, err)
+	require.Equal(t, 1, l.Len())
+	require.Equal(t, []any{1, "x"}, l.QueuedQueries[0].Arguments)
+	rows, err := l.Query(ctx, "SELECT 1") //nolint:rowserrcheck,sqlclosecheck // refused: there are no rows
+	require.ErrorIs(t, err, errNotLater)
+	require.Nil(t, rows)
+	require.ErrorIs(t, l.QueryRow(ctx, "SELECT 1").Scan(), errNotLater)
+}
+
+// TestAfterCommit: statements queued after COMMIT run once the transaction
+// committed, their failure is handed to their callback and not returned,
+// and they do not run when the transaction did not commit.
+func TestAfterCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, admin := txPool(t)
+	trips.Take()
+
+	var failed []error
+	tx, err := Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO t VALUES (1, 'one')")
+	require.NoError(t, err)
+	tx.AfterCommit(insert(1, "duplicate"), func(err error) { failed = append(failed, err) })
+	require.NoError(t, tx.Commit(ctx, nil), "committed: what came after cannot undo it")
+	tx.End(ctx)
+	require.Len(t, trips.Take(), 2)
+	require.Len(t, failed, 1)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, failed[0], &pgErr)
+	require.Equal(t, "23505", pgErr.Code)
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 1 AND note = 'one'"))
+
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO t VALUES (2, 'two')")
+	require.NoError(t, err)
+	tx.AfterCommit(insert(3, "three"), func(err error) { failed = append(failed, err) })
+	require.Error(t, tx.Commit(ctx, insert(1, "taken")), "the last statement fails: no commit")
+	tx.End(ctx)
+	require.Len(t, failed, 1, "nothing after a commit that did not happen")
+	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id IN (2, 3)"))
+
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	tx.AfterCommit(insert(5, "five"), nil)
+	require.NoError(t, tx.Commit(ctx, insert(4, "four")))
+	tx.End(ctx)
+	require.Equal(t, 2, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id IN (4, 5)"), "both ran, each committed")
+}
+
+// TestWithCommit: statements queued with COMMIT ride in its round trip,
+// ahead of Commit's own, and are the transaction's: one that fails stops
+// the commit.
+func TestWithCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, admin := txPool(t)
+	trips.Take()
+
+	tx, err := Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO t VALUES (1, 'one')")
+	require.NoError(t, err)
+	tx.WithCommit(insert(2, "two"))
+	require.NoError(t, tx.Commit(ctx, insert(3, "three")))
+	tx.End(ctx)
+	require.Len(t, trips.Take(), 2, "BEGIN with the first insert, the others with COMMIT")
+	require.Equal(t, 3, apitest.Count(t, admin, "SELECT count(*) FROM t"))
+
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO t VALUES (4, 'four')")
+	require.NoError(t, err)
+	tx.WithCommit(insert(1, "taken"))
+	require.Error(t, tx.Commit(ctx, insert(5, "five")), "the queued statement fails: no commit")
+	tx.End(ctx)
+	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id IN (4, 5)"))
+
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	b := insert(6, "six")
+	b.QueuedQueries[0].Exec(func(pgconn.CommandTag) error { return nil })
+	tx.WithCommit(b)
+	require.ErrorIs(t, tx.Commit(ctx, nil), errCommitCallback)
+	tx.End(ctx)
+}
+
+// TestCommitRefusesWhatCannotCommit: statements sent with COMMIT may not
+// have callbacks, whose errors could not stop the commit; and a
+// transaction an earlier statement aborted is not committed, nor is what
+// AfterCommit queued sent.
+func TestCommitRefusesWhatCannotCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, admin := txPool(t)
+
+	tx, err := Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO t VALUES (1, 'one')")
+	require.NoError(t, err)
+	last := &pgx.Batch{}
+	last.Queue("INSERT INTO t VALUES (2, 'two')").Exec(func(pgconn.CommandTag) error { return nil })
+	trips.Take()
+	require.ErrorIs(t, tx.Commit(ctx, last), errCommitCallback)
+	require.Empty(t, trips.Take(), "refused before sending")
+	tx.End(ctx)
+	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM t"))
+
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO t VALUES (1/0, 'boom')")
+	require.Error(t, err)
+	tx.AfterCommit(insert(3, "three"), func(err error) { t.Errorf("nothing after COMMIT should run: %v", err) })
+	require.ErrorIs(t, tx.Commit(ctx, nil), pgx.ErrTxCommitRollback)
+	tx.End(ctx)
+	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM t"))
+}

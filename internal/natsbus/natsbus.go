@@ -1,0 +1,261 @@
+// Package natsbus holds the broker's words, for the processes that speak
+// through NATS JetStream when SENDER_TRANSPORT=nats: the streams, subjects
+// and durable consumers, the headers and bodies of the two messages (a
+// create-user command and its reply), what each process may do on the
+// broker, and the provisioning that creates the streams and consumers.
+//
+// The broker carries the same operation as the HTTP hop, with the same
+// key discipline: a command carries the outbox row's idempotency key, both
+// as Nats-Msg-Id (JetStream drops a repeat within its de-duplication
+// window) and as Idempotency-Key (Users' inbox, which remembers the key
+// for USERS_INBOX_RETENTION, decides). The window is a first filter only:
+// it is finite, and a consumer can fail after its commit and before its
+// ack, and so get the same message again long after any window.
+package natsbus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxref/outboxref/internal/auth"
+)
+
+// The streams, their subjects, and the durable consumers reading them.
+const (
+	// CommandStream holds the sender's create-user commands for Users.
+	CommandStream = "USERS_COMMANDS"
+	// CreateUserSubject is a create-user command's subject.
+	CreateUserSubject = "users.commands.create-user"
+	// ReplyStream holds Users' answers, relayed from Users' own outbox.
+	ReplyStream = "USERS_REPLIES"
+	// CreateUserReplySubject is the subject of an answer to a create-user
+	// command.
+	CreateUserReplySubject = "users.replies.create-user"
+
+	// UsersConsumer is Users' durable pull consumer on CommandStream:
+	// every Users process shares it, and so shares the work.
+	UsersConsumer = "users"
+	// SenderConsumer is the sender's durable pull consumer on ReplyStream.
+	SenderConsumer = "outbox-sender"
+)
+
+// The NATS users, one per process, each allowed only its own subjects
+// (Permissions).
+const (
+	SenderUser = "outbox-sender"
+	UsersUser  = "users"
+)
+
+// Headers of both messages, beside JetStream's Nats-Msg-Id.
+const (
+	// HeaderKey is the operation's idempotency key: on a command, the
+	// outbox row's key; on a reply, the key of the command it answers.
+	HeaderKey = "Idempotency-Key"
+	// HeaderAttempt is the sender's attempt number, for log lines.
+	HeaderAttempt = "Outbox-Attempt"
+	// HeaderExpires is when the command's outbox row expires (RFC 3339,
+	// by Student's database's clock): the sender dead-letters the row
+	// then, and Users does not act on the command after it.
+	HeaderExpires = "Outbox-Expires"
+)
+
+// Reply is the body of an answer on ReplyStream: the answer Users stored
+// under the command's key, as the HTTP hop would have sent it (a status
+// and its body: the created user, or a problem).
+type Reply struct {
+	IdempotencyKey uuid.UUID       `json:"idempotencyKey"`
+	Status         int             `json:"status"`
+	Body           json.RawMessage `json:"body"`
+}
+
+// DecodeReply reads a reply, refusing one without a key or a status.
+func DecodeReply(data []byte) (Reply, error) {
+	var r Reply
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Reply{}, fmt.Errorf("decode reply: %w", err)
+	}
+	if r.IdempotencyKey == uuid.Nil || r.Status < 100 || r.Status > 599 {
+		return Reply{}, errors.New("decode reply: no idempotencyKey or no valid status")
+	}
+	return r, nil
+}
+
+// Permissions are the subjects a NATS user may publish to and subscribe
+// to. Both lists name the JetStream API calls each process makes, by
+// stream and consumer, so that a process can read only its own consumer
+// and ack only its own messages. Creating streams and consumers is the
+// provisioner's (Provision), never a running process's.
+type Permissions struct {
+	Publish, Subscribe []string
+}
+
+// PermissionsOf returns the permissions of the NATS user of a process
+// (SenderUser, UsersUser).
+func PermissionsOf(user string) (Permissions, bool) {
+	var p Permissions
+	switch user {
+	case SenderUser:
+		p.Publish = append(consumerCalls(ReplyStream, SenderConsumer), CreateUserSubject)
+	case UsersUser:
+		p.Publish = append(consumerCalls(CommandStream, UsersConsumer), CreateUserReplySubject)
+	default:
+		return Permissions{}, false
+	}
+	p.Subscribe = []string{InboxPrefix(user) + ".>"}
+	return p, true
+}
+
+// consumerCalls are the JetStream API subjects a process needs to read one
+// durable pull consumer and acknowledge what it reads.
+func consumerCalls(stream, consumer string) []string {
+	return []string{
+		"$JS.API.CONSUMER.INFO." + stream + "." + consumer,
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + "." + consumer,
+		"$JS.ACK." + stream + "." + consumer + ".>",
+	}
+}
+
+// InboxPrefix is the prefix of a user's reply subjects (publish
+// acknowledgements, fetched messages): its own, so that no process can
+// subscribe to another's.
+func InboxPrefix(user string) string { return "_INBOX_" + user }
+
+// Config is how a process reaches the broker.
+type Config struct {
+	URL      string      // comma-separated server URLs
+	User     string      // the process's NATS user
+	Password auth.Secret // its password
+	Name     string      // the connection's name, seen in the server's monitoring
+}
+
+// Connect connects to the broker and keeps reconnecting for ever: while the
+// broker is unreachable a publish or a fetch fails, and the caller's rows
+// or messages wait where they are (the outbox, the stream) until it is
+// back. The first connection is tried in the background too, so that a
+// process can start while the broker is down.
+func Connect(cfg Config) (*nats.Conn, error) {
+	nc, err := nats.Connect(cfg.URL,
+		nats.Name(cfg.Name),
+		nats.UserInfo(cfg.User, string(cfg.Password)),
+		nats.CustomInboxPrefix(InboxPrefix(cfg.User)),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.Timeout(2*time.Second),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", Redacted(cfg.URL), err)
+	}
+	return nc, nil
+}
+
+// Redacted is a server list with any password in it masked.
+func Redacted(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if at := strings.LastIndex(p, "@"); at >= 0 {
+			if scheme := strings.Index(p, "://"); scheme >= 0 && scheme < at {
+				parts[i] = p[:scheme+3] + "[redacted]" + p[at:]
+			}
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Streams are how Provision makes the two streams.
+type Streams struct {
+	// Replicas is how many servers hold each message (1, or 3 in a
+	// three-node cluster, which then survives the loss of one).
+	Replicas int
+	// Duplicates is JetStream's de-duplication window.
+	Duplicates time.Duration
+	// MaxAge is how long a message stays in its stream, read or not.
+	MaxAge time.Duration
+}
+
+// DefaultStreams are the streams' settings unless the provisioner says
+// otherwise.
+var DefaultStreams = Streams{Replicas: 1, Duplicates: 2 * time.Minute, MaxAge: 7 * 24 * time.Hour}
+
+// AckWait is how long the server waits for a consumer's ack before it
+// delivers the message again: longer than any one command takes
+// (USERS_DATABASE_TIMEOUT bounds its transaction).
+const AckWait = 30 * time.Second
+
+// Provision creates (or updates) both streams and both durable consumers.
+// It needs rights no service process has: run it as the broker's admin,
+// once per deployment and again after any change here.
+func Provision(ctx context.Context, js jetstream.JetStream, s Streams) error {
+	for _, st := range []jetstream.StreamConfig{
+		{Name: CommandStream, Subjects: []string{"users.commands.>"}},
+		{Name: ReplyStream, Subjects: []string{"users.replies.>"}},
+	} {
+		// Limits, not work-queue, retention: another consumer (an audit,
+		// a second service) can read the same commands and answers.
+		st.Retention = jetstream.LimitsPolicy
+		st.Storage = jetstream.FileStorage
+		st.Replicas = s.Replicas
+		st.Duplicates = s.Duplicates
+		st.MaxAge = s.MaxAge
+		if _, err := js.CreateOrUpdateStream(ctx, st); err != nil {
+			return fmt.Errorf("provision stream %s: %w", st.Name, err)
+		}
+	}
+	for _, c := range []struct{ stream, name string }{
+		{CommandStream, UsersConsumer},
+		{ReplyStream, SenderConsumer},
+	} {
+		_, err := js.CreateOrUpdateConsumer(ctx, c.stream, jetstream.ConsumerConfig{
+			Durable:   c.name,
+			AckPolicy: jetstream.AckExplicitPolicy,
+			AckWait:   AckWait,
+			// No MaxDeliver: the server would drop a message past it with
+			// an advisory only. A consumer parks what it cannot handle
+			// itself, where an operator sees it.
+			MaxAckPending: 1000,
+			Replicas:      s.Replicas,
+		})
+		if err != nil {
+			return fmt.Errorf("provision consumer %s on %s: %w", c.name, c.stream, err)
+		}
+	}
+	return nil
+}
+
+// HTTPHeader is h as an http.Header, for the trace propagator (both are
+// maps of canonical names to values).
+func HTTPHeader(h nats.Header) http.Header { return http.Header(h) }
+
+// WaitConsumer looks up a durable consumer, each try bounded by timeout,
+// until it is found or ctx ends (ctx's error). While the broker is
+// unreachable or the consumer not yet provisioned, it waits up to 5s
+// between tries and tells failed about each failure (a process pacing its
+// log lines).
+func WaitConsumer(ctx context.Context, js jetstream.JetStream, stream, consumer string, timeout time.Duration, failed func(error)) (jetstream.Consumer, error) {
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		tctx, cancel := context.WithTimeout(ctx, timeout)
+		cons, err := js.Consumer(tctx, stream, consumer)
+		cancel()
+		if err == nil {
+			return cons, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		failed(err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package natsbus_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/internal/natsbus"
+	"github.com/outboxref/outboxref/testkit/natsserver"
+)
+
+// Each process may do on the broker what its part of the flow needs, and
+// nothing else: the sender publishes commands and reads replies, Users
+// reads commands and publishes replies.
+func TestPermissions(t *testing.T) {
+	t.Parallel()
+	srv := natsserver.ForTest(t)
+
+	type check struct {
+		what string
+		do   func(ctx context.Context, js jetstream.JetStream) error
+	}
+	publish := func(subject string) func(ctx context.Context, js jetstream.JetStream) error {
+		return func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := js.Publish(ctx, subject, []byte(`{}`))
+			return err
+		}
+	}
+	read := func(stream, consumer string) func(ctx context.Context, js jetstream.JetStream) error {
+		return func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := js.Consumer(ctx, stream, consumer)
+			return err
+		}
+	}
+	provision := func(ctx context.Context, js jetstream.JetStream) error {
+		return natsbus.Provision(ctx, js, natsbus.DefaultStreams)
+	}
+	for _, tc := range []struct {
+		user            string
+		allowed, denied []check
+	}{
+		{
+			user:    natsbus.SenderUser,
+			allowed: []check{{"publish a command", publish(natsbus.CreateUserSubject)}, {"read its reply consumer", read(natsbus.ReplyStream, natsbus.SenderConsumer)}},
+			denied: []check{
+				{"publish a reply", publish(natsbus.CreateUserReplySubject)},
+				{"read Users' command consumer", read(natsbus.CommandStream, natsbus.UsersConsumer)},
+				{"provision streams", provision},
+			},
+		},
+		{
+			user:    natsbus.UsersUser,
+			allowed: []check{{"publish a reply", publish(natsbus.CreateUserReplySubject)}, {"read its command consumer", read(natsbus.CommandStream, natsbus.UsersConsumer)}},
+			denied: []check{
+				{"publish a command", publish(natsbus.CreateUserSubject)},
+				{"read the sender's reply consumer", read(natsbus.ReplyStream, natsbus.SenderConsumer)},
+				{"provision streams", provision},
+			},
+		},
+	} {
+		t.Run(tc.user, func(t *testing.T) {
+			t.Parallel()
+			nc, err := natsbus.Connect(srv.Config(tc.user, "test "+tc.user))
+			require.NoError(t, err)
+			defer nc.Close()
+			violations := make(chan error, 16)
+			nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err })
+			js, err := jetstream.New(nc)
+			require.NoError(t, err)
+			for _, c := range tc.allowed {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				require.NoError(t, c.do(ctx, js), "%s may %s", tc.user, c.what)
+				cancel()
+			}
+			for _, c := range tc.denied {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				err := c.do(ctx, js)
+				cancel()
+				require.Error(t, err, "%s must not %s", tc.user, c.what)
+				// The call failed because the server refused it, not for
+				// being slow: the server said so on the connection.
+				select {
+				case v := <-violations:
+					require.ErrorContains(t, v, "Permissions Violation", "%s must not %s", tc.user, c.what)
+					t.Logf("%s may not %s: %v", tc.user, c.what, v)
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%s: %s failed (%v) but the server reported no permissions violation", tc.user, c.what, err)
+				}
+			}
+		})
+	}
+	// Another user's inbox is out of reach too: a subscription there is
+	// refused by the server.
+	nc, err := natsbus.Connect(srv.Config(natsbus.SenderUser, "test snoop"))
+	require.NoError(t, err)
+	defer nc.Close()
+	refused := make(chan error, 1)
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { refused <- err })
+	_, err = nc.SubscribeSync(natsbus.InboxPrefix(natsbus.UsersUser) + ".>")
+	require.NoError(t, err)
+	select {
+	case err := <-refused:
+		require.ErrorContains(t, err, "Permissions Violation")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sender subscribed to Users' inbox unrefused")
+	}
+}
+
+func TestDecodeReply(t *testing.T) {
+	t.Parallel()
+	r, err := natsbus.DecodeReply([]byte(`{"idempotencyKey":"0193a6a4-1f6e-7c55-9d8e-3b1f0f6c2a10","status":201,"body":{"userId":"0193a6a4-1f6e-7c55-9d8e-3b1f0f6c2a11"}}`))
+	require.NoError(t, err)
+	require.Equal(t, 201, r.Status)
+	for _, bad := range []string{`nope`, `{"status":201}`, `{"idempotencyKey":"0193a6a4-1f6e-7c55-9d8e-3b1f0f6c2a10","status":42}`} {
+		_, err := natsbus.DecodeReply([]byte(bad))
+		require.Error(t, err, bad)
+	}
+}
+
+func TestRedacted(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "nats://[redacted]@a:4222,nats://b:4222", natsbus.Redacted("nats://u:secret@a:4222,nats://b:4222"))
+}

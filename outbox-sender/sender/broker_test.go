@@ -1,0 +1,308 @@
+package sender
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/natsbus"
+	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/outbox-sender/internal/store"
+	"github.com/outboxref/outboxref/testkit/natsserver"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+// These tests run the relay with SENDER_TRANSPORT=nats against a real
+// PostgreSQL and an embedded NATS server, with a stand-in Users that reads
+// the command stream as Users' NATS user and answers on the reply stream.
+
+func natsConfig(srv *natsserver.Server) Config {
+	cfg := testConfig("http://127.0.0.1:1")
+	cfg.Transport = TransportNATS
+	cfg.NATSURL = srv.URL
+	cfg.NATSPassword = srv.Passwords[natsbus.SenderUser]
+	cfg.NATSAnswerWait = 200 * time.Millisecond
+	return cfg
+}
+
+// brokerUsers is a Users stand-in on the broker: answer decides the reply
+// to each command (status and body), given its key and how many times the
+// key came (from 1); nil answer: no reply at all.
+type brokerUsers struct {
+	t       *testing.T
+	js      jetstream.JetStream
+	mu      sync.Mutex
+	seen    map[string]int
+	users   map[string]uuid.UUID
+	expires map[string]string // each key's last Outbox-Expires
+	answer  func(key string, n int) (int, any)
+}
+
+func newBrokerUsers(t *testing.T, srv *natsserver.Server, answer func(key string, n int) (int, any)) *brokerUsers {
+	t.Helper()
+	nc, err := natsbus.Connect(srv.Config(natsbus.UsersUser, "stand-in users"))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	b := &brokerUsers{t: t, js: js, seen: map[string]int{}, users: map[string]uuid.UUID{}, expires: map[string]string{}, answer: answer}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cons, err := js.Consumer(ctx, natsbus.CommandStream, natsbus.UsersConsumer)
+	require.NoError(t, err)
+	cc, err := cons.Consume(b.handle)
+	require.NoError(t, err)
+	t.Cleanup(cc.Stop)
+	return b
+}
+
+func (b *brokerUsers) handle(m jetstream.Msg) {
+	key := m.Headers().Get(natsbus.HeaderKey)
+	b.mu.Lock()
+	b.seen[key]++
+	n := b.seen[key]
+	b.expires[key] = m.Headers().Get(natsbus.HeaderExpires)
+	if _, ok := b.users[key]; !ok {
+		b.users[key] = uuid.Must(uuid.NewV7())
+	}
+	user := b.users[key]
+	b.mu.Unlock()
+	status, body := http.StatusCreated, any(map[string]any{"userId": user, "status": "created"})
+	if b.answer != nil {
+		status, body = b.answer(key, n)
+	}
+	if status != 0 {
+		b.reply(key, uuid.New(), status, body)
+	}
+	_ = m.Ack()
+}
+
+// reply publishes an answer for key with the reply id id.
+func (b *brokerUsers) reply(key string, id uuid.UUID, status int, body any) {
+	raw, err := json.Marshal(body)
+	require.NoError(b.t, err)
+	data, err := json.Marshal(natsbus.Reply{IdempotencyKey: uuid.MustParse(key), Status: status, Body: raw})
+	require.NoError(b.t, err)
+	msg := nats.NewMsg(natsbus.CreateUserReplySubject)
+	msg.Data = data
+	msg.Header.Set(natsbus.HeaderKey, key)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id.String()))
+	require.NoError(b.t, err)
+}
+
+func (b *brokerUsers) deliveries(key string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.seen[key]
+}
+
+func (b *brokerUsers) userFor(key string) uuid.UUID {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.users[key]
+}
+
+func keysOf(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), "SELECT idempotency_key::text FROM outbox ORDER BY id")
+	require.NoError(t, err)
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return keys
+}
+
+func TestBrokerPublishesAndLinksFromReplies(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	srv := natsserver.ForTest(t)
+	users := newBrokerUsers(t, srv, nil)
+	ids := addStudents(t, pool, 30)
+	r := run(t, pool, natsConfig(srv))
+
+	deliveredWithin(t, pool, len(ids), 15*time.Second, "every row delivered from Users' replies")
+	for _, key := range keysOf(t, pool) {
+		var user uuid.UUID
+		require.NoError(t, pool.QueryRow(context.Background(),
+			"SELECT s.user_id FROM outbox o JOIN students s ON s.id = o.student_id WHERE o.idempotency_key = $1", key).Scan(&user))
+		require.Equal(t, users.userFor(key), user, "the student is linked to the user Users answered with")
+		require.Equal(t, 1, users.deliveries(key), "one command per row while Users answers")
+		var expires time.Time
+		require.NoError(t, pool.QueryRow(context.Background(),
+			"SELECT age_from + interval '1 hour' FROM outbox WHERE idempotency_key = $1", key).Scan(&expires))
+		users.mu.Lock()
+		header := users.expires[key]
+		users.mu.Unlock()
+		require.Equal(t, expires.UTC().Format(time.RFC3339Nano), header, "the command says when its row expires (SENDER_MAX_AGE after age_from)")
+	}
+	require.Equal(t, len(ids), count(t, pool, "SELECT count(*) FROM reply_inbox WHERE outcome = 'linked'"))
+	require.Equal(t, len(ids), count(t, pool, "SELECT count(*) FROM outbox_events WHERE kind = 'reply' AND outcome = 'delivered'"))
+	// A reply can overtake the recording of its own publish: the row is
+	// delivered by then, and the publish's recording leaves it alone.
+	require.Equal(t, len(ids), count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered' AND lease_token IS NULL"))
+	// One publish per row, unless an answer took longer than the test's
+	// short SENDER_NATS_ANSWER_WAIT (a busy machine): then the row was
+	// published again, and the broker dropped every such repeat.
+	publishes, _ := r.histogram(t, "outbox_sender_publish_duration_seconds")
+	require.GreaterOrEqual(t, publishes, uint64(len(ids)))
+	require.InDelta(t, float64(publishes-uint64(len(ids))), r.metric(t, "outbox_sender_publish_duplicates_total"), 0,
+		"every publish beyond the first of a row was a repeat the broker dropped")
+	require.InDelta(t, float64(len(ids)), r.metric(t, "outbox_sender_replies_total", "outcome", store.ReplyLinked), 0)
+	require.InDelta(t, float64(len(ids)), r.metric(t, "outbox_sender_results_total", "verdict", outbox.OutcomeDelivered), 0,
+		"a linking reply counts as a settlement")
+}
+
+// The broker delivers a reply at least once, and Users may relay the same
+// answer twice (a crash between its publish and its bookkeeping): the
+// sender's inbox of replies applies each reply once, and a second answer
+// for a settled row changes nothing.
+func TestBrokerRepliesApplyOnce(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	srv := natsserver.ForTest(t)
+	replyID := uuid.New()
+	var users *brokerUsers
+	users = newBrokerUsers(t, srv, func(key string, n int) (int, any) {
+		body := map[string]any{"userId": users.userFor(key), "status": "created"}
+		// The same reply twice, under one id: the second is a repeat.
+		users.reply(key, replyID, http.StatusCreated, body)
+		return 0, nil
+	})
+	addStudents(t, pool, 1)
+	r := run(t, pool, natsConfig(srv))
+	deliveredWithin(t, pool, 1, 15*time.Second, "the row delivered")
+	key := keysOf(t, pool)[0]
+
+	// JetStream's window would drop a publish with the same Nats-Msg-Id:
+	// the repeat the inbox must catch is one the window let through, so
+	// it is sent under an id the window has not seen, as a redelivery
+	// after a consumer's failed ack would come. The row's own inbox row
+	// is keyed by reply id: a second reply for the key is a new one, and
+	// finds the row settled.
+	users.reply(key, uuid.New(), http.StatusCreated, map[string]any{"userId": users.userFor(key)})
+	eventually(t, "the second reply read", func() bool { return count(t, pool, "SELECT count(*) FROM reply_inbox") == 2 })
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM reply_inbox WHERE outcome = 'already-settled'"))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE kind = 'reply'"), "a settled row gets no second event")
+
+	// A different user for the same key settles nothing either: the row
+	// is delivered, and the student keeps its user.
+	users.reply(key, uuid.New(), http.StatusCreated, map[string]any{"userId": uuid.New()})
+	eventually(t, "the third reply read", func() bool { return count(t, pool, "SELECT count(*) FROM reply_inbox") == 3 })
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE user_id = $1", users.userFor(key)))
+	require.InDelta(t, 2, r.metric(t, "outbox_sender_replies_total", "outcome", store.ReplySettled), 0)
+	require.InDelta(t, 1, r.metric(t, "outbox_sender_replies_total", "outcome", store.ReplyLinked), 0)
+}
+
+// Users' refusals come back as the problems the HTTP hop would answer, and
+// dead-letter their rows with the same reason classes.
+func TestBrokerRefusalsDeadLetter(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	srv := natsserver.ForTest(t)
+	refusals := []struct {
+		p     *httpapi.Problem
+		class string
+	}{
+		{httpapi.DocumentTaken("an enabled user already has this document number"), outbox.ReasonRefused},
+		{httpapi.Validation(httpapi.FieldError{Field: "email", Detail: "not an email address"}), outbox.ReasonInvalid},
+	}
+	var mu sync.Mutex
+	next := 0
+	newBrokerUsers(t, srv, func(key string, n int) (int, any) {
+		mu.Lock()
+		defer mu.Unlock()
+		p := refusals[next%len(refusals)].p
+		next++
+		return p.Status, json.RawMessage(p.Body())
+	})
+	addStudents(t, pool, 4)
+	run(t, pool, natsConfig(srv))
+	eventually(t, "every row dead", func() bool { return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead'") == 4 })
+	for _, r := range refusals {
+		require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox WHERE reason_class = $1", r.class), r.class)
+	}
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM students WHERE user_id IS NOT NULL"))
+}
+
+// A command whose answer does not come within SENDER_NATS_ANSWER_WAIT is
+// published again, under the same key. While the broker still holds it
+// (JetStream's de-duplication window), the broker drops the repeat and
+// says so: the command is Users' to answer, and the row waits again as
+// published. Users' answer, whenever it comes, links it.
+func TestBrokerWaitsForAnAnswerThatIsLate(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	srv := natsserver.ForTest(t)
+	users := newBrokerUsers(t, srv, func(string, int) (int, any) { return 0, nil }) // no answer yet
+	addStudents(t, pool, 1)
+	r := run(t, pool, natsConfig(srv))
+	eventually(t, "the command published three times", func() bool {
+		return count(t, pool, "SELECT attempts FROM outbox") >= 3
+	})
+	key := keysOf(t, pool)[0]
+	require.Equal(t, 1, users.deliveries(key), "the broker kept one copy of the command")
+	require.GreaterOrEqual(t, r.metric(t, "outbox_sender_publish_duplicates_total"), 2.0)
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state IN ('published', 'pending')"))
+	eventually(t, "the waiting row's age is shown while it is published", func() bool {
+		return r.metric(t, "outbox_oldest_published_age_seconds") > 0
+	})
+
+	users.reply(key, uuid.New(), http.StatusCreated, map[string]any{"userId": users.userFor(key)})
+	deliveredWithin(t, pool, 1, 15*time.Second, "the late answer links the student")
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE user_id = $1", users.userFor(key)))
+}
+
+// With the broker unreachable, publishes fail: rows are retried as
+// broker-unreachable and delivered once it is back.
+func TestBrokerUnreachableRetries(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	srv := natsserver.ForTest(t)
+	cfg := natsConfig(srv)
+	cfg.NATSURL = "nats://127.0.0.1:1" // nothing listens there
+	addStudents(t, pool, 3)
+	run(t, pool, cfg)
+	eventually(t, "rows retried as broker-unreachable", func() bool {
+		return count(t, pool, fmt.Sprintf("SELECT count(*) FROM outbox WHERE state = 'pending' AND attempts >= 2 AND reason_class = '%s'",
+			outbox.ReasonBrokerUnreachable)) == 3
+	})
+}
+
+// The sender's reply consumer deleted and provisioned again (an operator
+// re-running provision-broker after a change): the reader looks it up
+// again, and answers published afterwards still link their students.
+func TestBrokerReplyReaderOutlivesReprovisioning(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	srv := natsserver.ForTest(t)
+	users := newBrokerUsers(t, srv, func(string, int) (int, any) { return 0, nil }) // answers by hand below
+	addStudents(t, pool, 1)
+	_, logs := runLogged(t, pool, natsConfig(srv))
+	eventually(t, "the row published", func() bool { return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'published'") == 1 })
+
+	_, js := srv.Admin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, js.DeleteConsumer(ctx, natsbus.ReplyStream, natsbus.SenderConsumer))
+	require.NoError(t, natsbus.Provision(ctx, js, natsbus.DefaultStreams))
+
+	key := keysOf(t, pool)[0]
+	users.reply(key, uuid.New(), http.StatusCreated, map[string]any{"userId": users.userFor(key)})
+	deliveredWithin(t, pool, 1, 15*time.Second, "the answer read through the re-created consumer")
+	require.NotEmpty(t, logLines(t, logs.String(), "the reply consumer stopped delivering (deleted or re-created?); looking it up again"),
+		"the reader noticed its consumer went away")
+}

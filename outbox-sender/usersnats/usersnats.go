@@ -1,0 +1,288 @@
+// Package usersnats is the outbox sender's transport to Users through NATS
+// JetStream (SENDER_TRANSPORT=nats): it publishes each row's create-user
+// command to the command stream, with the row's idempotency key as
+// Nats-Msg-Id and as Idempotency-Key, and reads Users' answers from the
+// reply stream.
+//
+// A publish the broker acknowledged is not a delivery: the row waits as
+// published (Deliver's verdict is relay.Published) until Users' answer
+// comes back, and is published again, under the same key, if none comes
+// within SENDER_NATS_ANSWER_WAIT (growing with the attempts). Users'
+// answer links the student through the sender's inbox of replies
+// (relay.Engine.RecordReply), once however often the broker delivers it.
+package usersnats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxref/outboxref/internal/alarm"
+	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/natsbus"
+	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/internal/telemetry"
+	"github.com/outboxref/outboxref/outbox-sender/internal/store"
+	"github.com/outboxref/outboxref/outbox-sender/relay"
+	"github.com/outboxref/outboxref/outbox-sender/usershttp"
+)
+
+// Config is what the transport needs of the sender's configuration.
+type Config struct {
+	NATS natsbus.Config // SENDER_NATS_URL, SENDER_NATS_PASSWORD
+	// Timeout bounds each publish, its acknowledgement included.
+	Timeout time.Duration // SENDER_REQUEST_TIMEOUT
+	// AnswerWait is the least a published row waits for Users' answer
+	// before it is published again.
+	AnswerWait time.Duration // SENDER_NATS_ANSWER_WAIT
+	// Workers is how many replies are recorded at once.
+	Workers int
+}
+
+// MaxReplyDeliveries is how often the sender reads a reply it cannot
+// decode before it gives up on it: a reply from a newer Users may be one
+// a newer sender, rolling out beside this one, can read. Given up, the
+// reply stays in the stream (terminated, never delivered again), its
+// sequence in the error log line.
+const MaxReplyDeliveries = 5
+
+// Recorder records a reply: relay.Engine.
+type Recorder interface {
+	RecordReply(ctx context.Context, messageID, key uuid.UUID, a relay.Answer) (string, error)
+}
+
+// Transport publishes commands and reads replies on one connection.
+type Transport struct {
+	cfg   Config
+	log   *slog.Logger
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	alarm alarm.Alarm
+	// publish is one publish, from sending to the broker's
+	// acknowledgement (or failure).
+	publish prometheus.Histogram
+	// duplicates counts publishes the broker acknowledged as repeats
+	// within its de-duplication window.
+	duplicates prometheus.Counter
+	// undecodable counts replies given up on.
+	undecodable prometheus.Counter
+}
+
+// New connects to the broker. The connection is made in the background
+// when the broker is down: publishes fail (rows wait, retried) until it
+// is up.
+func New(log *slog.Logger, cfg Config) (*Transport, error) {
+	nc, err := natsbus.Connect(cfg.NATS)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &Transport{
+		cfg: cfg, log: log, nc: nc, js: js,
+		publish: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outbox_sender_publish_duration_seconds",
+			Help:    "Time from publishing a row's command to the broker's acknowledgement (or failure), SENDER_TRANSPORT=nats.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
+		}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_sender_publish_duplicates_total",
+			Help: "Publishes the broker acknowledged as repeats of a command it holds (same key within its de-duplication window).",
+		}),
+		undecodable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_sender_replies_undecodable_total",
+			Help: "Replies the sender could not read after " + strconv.Itoa(MaxReplyDeliveries) + " deliveries and gave up on (left in the reply stream): alert on any increase.",
+		}),
+	}, nil
+}
+
+// Collectors returns the transport's metrics.
+func (t *Transport) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{t.publish, t.duplicates, t.undecodable}
+}
+
+// Close closes the connection.
+func (t *Transport) Close() { t.nc.Close() }
+
+// Deliver publishes one row's command and waits for the broker's
+// acknowledgement, within SENDER_REQUEST_TIMEOUT also when ctx ends (a
+// publish the broker took is better recorded now).
+func (t *Transport) Deliver(ctx context.Context, row store.Row) relay.Answer {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.cfg.Timeout)
+	defer cancel()
+	key := row.IdempotencyKey.String()
+	msg := nats.NewMsg(natsbus.CreateUserSubject)
+	msg.Data = row.Payload
+	msg.Header.Set(natsbus.HeaderKey, key)
+	msg.Header.Set(natsbus.HeaderAttempt, strconv.Itoa(row.Attempts))
+	if !row.ExpiresAt.IsZero() {
+		msg.Header.Set(natsbus.HeaderExpires, row.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	}
+	telemetry.Inject(pctx, natsbus.HTTPHeader(msg.Header)) // Users continues the attempt's trace
+	start := time.Now()
+	ack, err := t.js.PublishMsg(pctx, msg, jetstream.WithMsgID(key), jetstream.WithExpectStream(natsbus.CommandStream))
+	t.publish.Observe(time.Since(start).Seconds())
+	if err != nil {
+		return relay.Answer{Verdict: relay.Transient, Class: outbox.ReasonBrokerUnreachable,
+			Error: fmt.Sprintf("publish to %s: %v", natsbus.CreateUserSubject, err)}
+	}
+	if ack.Duplicate {
+		t.duplicates.Inc()
+	}
+	return relay.Answer{Verdict: relay.Published, Seq: ack.Sequence, RetryAfter: t.cfg.AnswerWait}
+}
+
+// Replies reads Users' answers from the sender's durable consumer until
+// ctx ends, and records each (rec), acknowledging it only once that
+// committed: a reply read but not recorded is delivered again, and one
+// recorded twice changes nothing the second time.
+//
+// A reader whose consumer went away (deleted, or re-created by a new
+// provisioning) stops delivering; Replies then looks the consumer up again
+// rather than leave the rows waiting as published with nobody reading
+// their answers.
+func (t *Transport) Replies(ctx context.Context, rec Recorder) error {
+	for ctx.Err() == nil {
+		if err := t.readReplies(ctx, rec); err != nil {
+			return err
+		}
+		if ctx.Err() == nil {
+			t.log.Warn("the reply consumer stopped delivering (deleted or re-created?); looking it up again",
+				slog.String("consumer", natsbus.SenderConsumer), slog.String("stream", natsbus.ReplyStream))
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	return nil
+}
+
+// readReplies reads from the consumer until ctx ends or the consumer
+// stops delivering.
+func (t *Transport) readReplies(ctx context.Context, rec Recorder) error {
+	cons, ok := t.consumer(ctx)
+	if !ok {
+		return nil // ctx ended while the broker was away
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * t.cfg.Workers))
+	if err != nil {
+		return fmt.Errorf("read replies: %w", err)
+	}
+	msgs := make(chan jetstream.Msg)
+	var workers sync.WaitGroup
+	for range t.cfg.Workers {
+		workers.Go(func() {
+			for m := range msgs {
+				t.handle(ctx, rec, m)
+			}
+		})
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for m := range t.messages(ctx, it) {
+		msgs <- m
+	}
+	close(msgs)
+	workers.Wait()
+	return nil
+}
+
+// messages yields what it reads until it is stopped (when ctx ends).
+func (t *Transport) messages(ctx context.Context, it jetstream.MessagesContext) func(yield func(jetstream.Msg) bool) {
+	return func(yield func(jetstream.Msg) bool) {
+		for {
+			m, err := it.Next()
+			switch {
+			case errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, jetstream.ErrConsumerDeleted), ctx.Err() != nil:
+				return
+			case err != nil:
+				t.warn("read replies", err)
+				time.Sleep(100 * time.Millisecond) // the iterator reconnects meanwhile
+			case !yield(m):
+				return
+			}
+		}
+	}
+}
+
+// consumer finds the sender's durable consumer, waiting for the broker
+// as long as it takes.
+func (t *Transport) consumer(ctx context.Context) (jetstream.Consumer, bool) {
+	cons, err := natsbus.WaitConsumer(ctx, t.js, natsbus.ReplyStream, natsbus.SenderConsumer, t.cfg.Timeout, func(err error) {
+		t.warn(fmt.Sprintf("find the reply consumer %s on %s (provisioned?)", natsbus.SenderConsumer, natsbus.ReplyStream), err)
+	})
+	return cons, err == nil
+}
+
+// handle records one reply. The ack waits for the server's confirmation:
+// a reply whose ack was lost is delivered again, as a repeat.
+func (t *Transport) handle(ctx context.Context, rec Recorder, m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		t.warn("read a reply's metadata", err)
+		return
+	}
+	reply, id, err := decode(m)
+	if err != nil {
+		if meta.NumDelivered < MaxReplyDeliveries {
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
+		t.undecodable.Inc()
+		t.log.Error("gave up on a reply the sender cannot read; it stays in the reply stream",
+			slog.String("stream", natsbus.ReplyStream), slog.Uint64("stream_seq", meta.Sequence.Stream),
+			slog.Uint64("deliveries", meta.NumDelivered), slog.String("error", err.Error()))
+		_ = m.Term()
+		return
+	}
+	// A refusal is a problem document, as Users' HTTP answer would be.
+	contentType := "application/json"
+	if reply.Status >= 400 {
+		contentType = httpapi.ProblemContentType
+	}
+	a := usershttp.Judge(reply.Status, contentType, reply.Body)
+	// Recorded whatever ctx does: a reply read is better recorded now.
+	if _, err := rec.RecordReply(context.WithoutCancel(ctx), id, reply.IdempotencyKey, a); err != nil {
+		t.warn("record a reply; it is read again", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.cfg.Timeout)
+	defer cancel()
+	if err := m.DoubleAck(actx); err != nil {
+		t.log.Debug("ack a recorded reply; it comes again, as a repeat", slog.String("error", err.Error()))
+	}
+}
+
+func decode(m jetstream.Msg) (natsbus.Reply, uuid.UUID, error) {
+	id, err := uuid.Parse(m.Headers().Get(jetstream.MsgIDHeader))
+	if err != nil {
+		return natsbus.Reply{}, uuid.Nil, fmt.Errorf("reply id (%s): %w", jetstream.MsgIDHeader, err)
+	}
+	r, err := natsbus.DecodeReply(m.Data())
+	return r, id, err
+}
+
+// warnEvery is how often, at most, the transport logs the same trouble
+// with the broker.
+const warnEvery = 10 * time.Second
+
+func (t *Transport) warn(what string, err error) {
+	if n, ok := t.alarm.Ring(time.Now(), warnEvery); ok {
+		t.log.Warn(what, slog.String("error", err.Error()), slog.Int("failures_since_last_log", n))
+	}
+}

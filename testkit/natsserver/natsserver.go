@@ -1,0 +1,282 @@
+// Package natsserver starts a NATS server with JetStream inside the calling
+// process, for tests and for the local run (make run with
+// SENDER_TRANSPORT=nats): no download, no Docker. It has one NATS user per
+// process with natsbus's permissions, and an admin user that provisions
+// the streams and consumers. No shipped binary imports it.
+package natsserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxref/outboxref/internal/auth"
+	"github.com/outboxref/outboxref/internal/natsbus"
+)
+
+// AdminUser may do anything; only the provisioner uses it.
+const AdminUser = "admin"
+
+// Server is a running NATS server.
+type Server struct {
+	srv  *server.Server
+	opts Options
+	// URL is where clients connect (nats://127.0.0.1:port).
+	URL string
+	// Passwords are each NATS user's password, by user name.
+	Passwords map[string]auth.Secret
+}
+
+// Options say where the server keeps its data and listens.
+type Options struct {
+	Dir  string // JetStream's storage directory
+	Port int    // 0: any free port
+	// Passwords, when set, are the users' passwords (Restart keeps them);
+	// otherwise each is made up.
+	Passwords map[string]auth.Secret
+
+	// A cluster's node: its name, route port and the other nodes' routes.
+	name        string
+	clusterPort int
+	routes      []string
+}
+
+// Start starts a server, provisions the streams and consumers with
+// natsbus.DefaultStreams, and returns once both are ready.
+func Start(ctx context.Context, o Options) (*Server, error) {
+	s, err := newServer(o)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.provision(ctx, natsbus.DefaultStreams); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// newServer starts a server and returns once it takes connections.
+func newServer(o Options) (*Server, error) {
+	pw := o.Passwords
+	if pw == nil {
+		pw = map[string]auth.Secret{}
+		for _, name := range []string{AdminUser, natsbus.SenderUser, natsbus.UsersUser} {
+			pw[name] = auth.Secret(randomHex())
+		}
+	}
+	users := []*server.User{}
+	for _, name := range []string{AdminUser, natsbus.SenderUser, natsbus.UsersUser} {
+		u := &server.User{Username: name, Password: string(pw[name])}
+		if p, ok := natsbus.PermissionsOf(name); ok {
+			u.Permissions = &server.Permissions{
+				Publish:   &server.SubjectPermission{Allow: p.Publish},
+				Subscribe: &server.SubjectPermission{Allow: p.Subscribe},
+			}
+		}
+		users = append(users, u)
+	}
+	port := o.Port
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		Host: "127.0.0.1", Port: port, ServerName: "outboxref-local",
+		JetStream: true, StoreDir: o.Dir,
+		Users:  users,
+		NoLog:  true,
+		NoSigs: true,
+	}
+	if o.name != "" {
+		opts.ServerName = o.name
+		opts.Cluster = server.ClusterOpts{Name: "outboxref", Host: "127.0.0.1", Port: o.clusterPort}
+		for _, r := range o.routes {
+			u, err := url.Parse(r)
+			if err != nil {
+				return nil, err
+			}
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("nats server: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, errors.New("nats server: not ready within 10s")
+	}
+	o.Passwords = pw
+	o.Port = srv.Addr().(*net.TCPAddr).Port
+	return &Server{srv: srv, opts: o, URL: srv.ClientURL(), Passwords: pw}, nil
+}
+
+func (s *Server) provision(ctx context.Context, streams natsbus.Streams) error {
+	nc, err := nats.Connect(s.URL, nats.UserInfo(AdminUser, string(s.Passwords[AdminUser])))
+	if err != nil {
+		return fmt.Errorf("nats server: connect as admin: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return natsbus.Provision(ctx, js, streams)
+}
+
+// Config is how the process with NATS user name connects.
+func (s *Server) Config(user, connName string) natsbus.Config {
+	return natsbus.Config{URL: s.URL, User: user, Password: s.Passwords[user], Name: connName}
+}
+
+// Admin connects as the admin user, for a test's own looks at the streams.
+func (s *Server) Admin(t testing.TB) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(s.URL, nats.UserInfo(AdminUser, string(s.Passwords[AdminUser])))
+	if err != nil {
+		t.Fatalf("connect to NATS as admin: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	return nc, js
+}
+
+// Stop shuts the server down and waits until it has.
+func (s *Server) Stop() {
+	s.srv.Shutdown()
+	s.srv.WaitForShutdown()
+}
+
+// Restart starts a stopped server again: the same port, data and
+// passwords, so that clients reconnect and the streams hold what they
+// held.
+func (s *Server) Restart(ctx context.Context) error {
+	again, err := newServer(s.opts)
+	if err != nil {
+		return err
+	}
+	s.srv = again.srv
+	return nil
+}
+
+// ForTest starts a server for t in t's temporary directory and stops it
+// when t ends.
+func ForTest(t testing.TB) *Server {
+	t.Helper()
+	s, err := Start(context.Background(), Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatalf("start an embedded NATS server: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+func randomHex() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Cluster is several servers routed to each other, with JetStream
+// clustered across them: streams with three replicas survive the loss of
+// one server.
+type Cluster struct {
+	Nodes []*Server
+	// URL lists every node's client URL, comma-separated, as clients
+	// take it (SENDER_NATS_URL, USERS_NATS_URL).
+	URL string
+	// Passwords are each NATS user's password, the same on every node.
+	Passwords map[string]auth.Secret
+}
+
+// StartCluster starts n nodes on free ports under dir, routed to each
+// other, and provisions the streams and consumers with n replicas.
+func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
+	pw := map[string]auth.Secret{}
+	for _, name := range []string{AdminUser, natsbus.SenderUser, natsbus.UsersUser} {
+		pw[name] = auth.Secret(randomHex())
+	}
+	clientPorts, routePorts := make([]int, n), make([]int, n)
+	for i := range n {
+		var err error
+		if clientPorts[i], err = freePort(); err != nil {
+			return nil, err
+		}
+		if routePorts[i], err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	c := &Cluster{Passwords: pw}
+	var urls []string
+	for i := range n {
+		routes := make([]string, 0, n-1)
+		for j := range n {
+			if j != i {
+				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[j]))
+			}
+		}
+		o := Options{
+			Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), Port: clientPorts[i], Passwords: pw,
+			name: fmt.Sprintf("n%d", i+1), clusterPort: routePorts[i], routes: routes,
+		}
+		s, err := newServer(o)
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, s)
+		urls = append(urls, s.URL)
+	}
+	c.URL = strings.Join(urls, ",")
+	// JetStream's meta group needs a leader before a stream can be made.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.Nodes[0].provision(ctx, natsbus.Streams{Replicas: n, Duplicates: natsbus.DefaultStreams.Duplicates, MaxAge: natsbus.DefaultStreams.MaxAge})
+		if err == nil {
+			return c, nil
+		}
+		if time.Now().After(deadline) {
+			c.Stop()
+			return nil, fmt.Errorf("nats cluster: provision: %w", err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// Config is how the process with NATS user name connects to the cluster.
+func (c *Cluster) Config(user, connName string) natsbus.Config {
+	return natsbus.Config{URL: c.URL, User: user, Password: c.Passwords[user], Name: connName}
+}
+
+// Stop stops every node.
+func (c *Cluster) Stop() {
+	for _, s := range c.Nodes {
+		s.Stop()
+	}
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
