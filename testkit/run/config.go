@@ -19,9 +19,12 @@ type config struct {
 	// throwaway one, as a superuser (it creates roles and databases).
 	databaseURL string // RUN_DATABASE_URL
 	// dataDir, when set, keeps the throwaway cluster there between runs.
-	dataDir  string // RUN_DATA_DIR
-	source   string // SENDER_SOURCE, passed to the sender
-	logLevel string // LOG_LEVEL, passed to every binary
+	dataDir string // RUN_DATA_DIR
+	source  string // SENDER_SOURCE, passed to the sender
+	// transport is SENDER_TRANSPORT, passed to the sender; with "nats"
+	// make run also starts a NATS server, and Users reads its commands.
+	transport string
+	logLevel  string // LOG_LEVEL, passed to every binary
 }
 
 // The ports, as offsets from RUN_PORT_BASE. The first five are the ones
@@ -35,7 +38,8 @@ const (
 	portStudentAdmin = 5
 	portUsersAdmin   = 6
 	portPostgres     = 7 // the throwaway cluster
-	portCount        = 8
+	portNATS         = 8 // the NATS server, with SENDER_TRANSPORT=nats
+	portCount        = 9
 )
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -45,6 +49,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		databaseURL: e.String("RUN_DATABASE_URL", ""),
 		dataDir:     e.String("RUN_DATA_DIR", ""),
 		source:      e.OneOf("SENDER_SOURCE", "poll", "poll", "cdc"),
+		transport:   e.OneOf("SENDER_TRANSPORT", "http", "http", "nats"),
 		logLevel:    e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 	}
 	_, err := pgconn.ParseConfig(c.databaseURL)
@@ -73,9 +78,9 @@ func (c config) url(offset int) string {
 // better at once than a process that cannot listen halfway through.
 func (c config) checkPorts(throwaway bool) error {
 	names := []string{"Student's API", "Users' API", "the sender's admin port", "the lab's proxy", "the lab's page",
-		"Student's admin port", "Users' admin port", "PostgreSQL"}
+		"Student's admin port", "Users' admin port", "PostgreSQL", "NATS"}
 	for offset, name := range names {
-		if offset == portPostgres && !throwaway {
+		if offset == portPostgres && !throwaway || offset == portNATS && c.transport != "nats" {
 			continue
 		}
 		ln, err := net.Listen("tcp", c.addr(offset))

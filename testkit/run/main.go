@@ -11,6 +11,7 @@
 //	make run RUN_PORT_BASE=9080       beside another copy, or a busy 8080
 //	make run RUN_DATA_DIR=.run/pg     keep the database between runs
 //	make run SENDER_SOURCE=cdc        new rows from the write-ahead log
+//	make run SENDER_TRANSPORT=nats    through NATS JetStream (an embedded server)
 //
 // docs/running-without-docker.md says what it does, step by step, for a
 // person who wants to do it by hand.

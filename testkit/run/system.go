@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/natsbus"
+	"github.com/outboxref/outboxref/testkit/natsserver"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 )
 
@@ -28,6 +30,7 @@ type system struct {
 	cluster *pgcluster.Cluster // nil with RUN_DATABASE_URL
 	server  *url.URL           // the PostgreSQL server, as its superuser
 	procs   []*proc            // in start order
+	nats    *natsserver.Server // nil unless SENDER_TRANSPORT=nats
 	token   string             // the operator's bearer token for Users
 }
 
@@ -68,6 +71,13 @@ func start(ctx context.Context, cfg config, stdout io.Writer) (*system, error) {
 	}
 	sec := secretsForRun()
 	s.token = sec.operatorToken
+	if cfg.transport == "nats" {
+		fmt.Fprintln(stdout, "starting a NATS server with JetStream…")
+		s.nats, err = natsserver.Start(ctx, natsserver.Options{Dir: filepath.Join(work, "nats"), Port: cfg.port(portNATS)})
+		if err != nil {
+			return s, err
+		}
+	}
 	fmt.Fprintln(stdout, "migrating Student's and Users' databases…")
 	if err := s.migrate(ctx, sec); err != nil {
 		return s, err
@@ -209,11 +219,17 @@ type step struct {
 func (s *system) plan(sec secrets) []step {
 	c := s.cfg
 	with := func(kv ...string) []string { return append(slices.Clone(s.baseEnv()), kv...) }
+	var usersBroker, senderBroker []string
+	if s.nats != nil {
+		usersBroker = []string{"USERS_NATS_URL=" + s.nats.URL, "USERS_NATS_PASSWORD=" + string(s.nats.Passwords[natsbus.UsersUser])}
+		senderBroker = []string{"SENDER_TRANSPORT=nats", "SENDER_NATS_URL=" + s.nats.URL,
+			"SENDER_NATS_PASSWORD=" + string(s.nats.Passwords[natsbus.SenderUser])}
+	}
 	return []step{
-		{name: "users", bin: "users", ready: c.url(portUsersAdmin), env: with(
+		{name: "users", bin: "users", ready: c.url(portUsersAdmin), env: with(append(usersBroker,
 			"USERS_DATABASE_URL="+s.dbURL(migrations.UsersApp, "users"), "USERS_DATABASE_PASSWORD="+sec.usersApp,
 			"USERS_API_TOKENS=outbox-sender:"+sec.senderToken+",operator:"+sec.operatorToken,
-			"USERS_HTTP_ADDR="+c.addr(portUsers), "USERS_ADMIN_ADDR="+c.addr(portUsersAdmin))},
+			"USERS_HTTP_ADDR="+c.addr(portUsers), "USERS_ADMIN_ADDR="+c.addr(portUsersAdmin))...)},
 		{name: "student", bin: "student", ready: c.url(portStudentAdmin), env: with(
 			"STUDENT_DATABASE_URL="+s.dbURL(migrations.StudentApp, "student"), "STUDENT_DATABASE_PASSWORD="+sec.studentApp,
 			"STUDENT_API_TOKENS=operator:"+sec.operatorToken+",lab:"+sec.labToken,
@@ -225,12 +241,12 @@ func (s *system) plan(sec secrets) []step {
 			"LAB_SENDER_ADMIN_URL="+c.url(portSenderAdmin), "LAB_SENDER_ADMIN_TOKEN="+sec.labToken, "LAB_STUDENT_TOKEN="+sec.labToken,
 			"LAB_STUDENT_DATABASE_URL="+s.dbURL(migrations.LabReader, "student"), "LAB_STUDENT_DATABASE_PASSWORD="+sec.lab,
 			"LAB_USERS_DATABASE_URL="+s.dbURL(migrations.LabReader, "users"), "LAB_USERS_DATABASE_PASSWORD="+sec.lab)},
-		{name: "outbox-sender", bin: "outbox-sender", ready: c.url(portSenderAdmin), env: with(
+		{name: "outbox-sender", bin: "outbox-sender", ready: c.url(portSenderAdmin), env: with(append(senderBroker,
 			"SENDER_DATABASE_URL="+s.dbURL(migrations.OutboxSender, "student"), "SENDER_DATABASE_PASSWORD="+sec.sender,
 			"SENDER_USERS_URL="+c.url(portLabProxy), "SENDER_USERS_TOKEN="+sec.senderToken,
 			"SENDER_ADMIN_ADDR="+c.addr(portSenderAdmin), "SENDER_SOURCE="+c.source,
 			"SENDER_ADMIN_TOKENS=operator:"+sec.operatorToken+",lab:"+sec.labToken,
-			"SENDER_CDC_DATABASE_URL="+s.dbURL(migrations.OutboxCDC, "student"), "SENDER_CDC_DATABASE_PASSWORD="+sec.cdc)},
+			"SENDER_CDC_DATABASE_URL="+s.dbURL(migrations.OutboxCDC, "student"), "SENDER_CDC_DATABASE_PASSWORD="+sec.cdc)...)},
 	}
 }
 
@@ -258,6 +274,9 @@ func (s *system) stop(stdout io.Writer) {
 	for _, p := range slices.Backward(s.procs) {
 		p.stop()
 	}
+	if s.nats != nil {
+		s.nats.Stop()
+	}
 	if s.cluster != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -284,7 +303,7 @@ func (s *system) printBlock(w io.Writer) {
 		database += " (kept in " + c.dataDir + ")"
 	}
 	fmt.Fprintf(w, `
-outboxref is running (SENDER_SOURCE=%s). Ctrl-C stops everything.
+outboxref is running (SENDER_SOURCE=%s, SENDER_TRANSPORT=%s). Ctrl-C stops everything.
 
   Student's API     %s   (a bearer token per caller)
   Users' API        %s   (a bearer token per caller)
@@ -302,7 +321,7 @@ For the curl session in the README, and the runbook:
   UDB=%s
 Create a student:
   curl -si --oauth2-bearer $T --json '{"name":"Ada Lovelace","email":"ada@example.com","document_number":"123.456-7"}' $S/students
-`, c.source, c.url(portStudent), c.url(portUsers), c.url(portSenderAdmin), c.url(portLabPage), c.url(portLabProxy),
+`, c.source, c.transport, c.url(portStudent), c.url(portUsers), c.url(portSenderAdmin), c.url(portLabPage), c.url(portLabProxy),
 		c.url(portStudentAdmin), c.url(portUsersAdmin), database, s.token, filepath.Join(s.work, "logs"),
 		c.port(portStudent), c.port(portUsers), c.port(portSenderAdmin), s.token, s.printableURL("users"))
 }
