@@ -399,8 +399,9 @@ func (b *bench) claimAll(ctx context.Context, pool *pgxpool.Pool, jobs chan<- cl
 				createdAt time.Time
 				trace     *string // the sender continues it; the bound has no traces
 				expired   bool
+				expiresAt time.Time // only the broker form sends it
 			)
-			if err := rows.Scan(&c.id, &c.key, &operation, &c.studentID, &c.payload, &c.attempts, &lease, &createdAt, &trace, &expired); err != nil {
+			if err := rows.Scan(&c.id, &c.key, &operation, &c.studentID, &c.payload, &c.attempts, &lease, &createdAt, &trace, &expired, &expiresAt); err != nil {
 				rows.Close()
 				_ = results.Close()
 				cancel()
@@ -450,7 +451,7 @@ func (b *bench) createUser(ctx context.Context, ib *inbox.Inbox, row claimed) (u
 	}
 	q := b.q["InsertUser"]
 	out, _, err := ib.Do(ctx, inbox.Key{Caller: senderCaller, Value: row.key.String()}, p.Fields(),
-		func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
+		func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
 			args, err := q.args(map[string]any{
 				"id": uuid.Must(uuid.NewV7()), "name": p.Name, "email": p.Email, "document_number": p.DocumentNumber,
 			})
@@ -484,8 +485,9 @@ func (b *bench) createUser(ctx context.Context, ib *inbox.Inbox, row claimed) (u
 
 // record writes one batch of answers as the sender's write() does for
 // deliveries: in one transaction bounded by SENDER_DATABASE_TIMEOUT, link
-// the students and mark their rows delivered (one statement), then add an
-// attempt event per row and trim each row's history (one statement).
+// the students and mark their rows delivered (one statement, with BEGIN),
+// then add an attempt event per row and trim each row's history (one
+// statement, with COMMIT).
 func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered) error {
 	var (
 		studentIDs, userIDs, keys []uuid.UUID
@@ -506,40 +508,47 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 	link, events := b.q["LinkStudents"], b.q["RecordEvents"]
 	ctx, cancel := database.WithDeadline(ctx, senderDBTimeout)
 	defer cancel()
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		args, err := link.args(map[string]any{"outbox_ids": outboxIDs, "student_ids": studentIDs, "user_ids": userIDs})
-		if err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, link.sql, args...)
-		if err != nil {
-			return fmt.Errorf("link students: %w", err)
-		}
-		// Each row: the student linked, and whether its outbox row was
-		// marked delivered by this statement.
-		marked, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (bool, error) {
-			var (
-				student uuid.UUID
-				m       bool
-			)
-			err := row.Scan(&student, &m)
-			return m, err
-		})
-		if err != nil {
-			return fmt.Errorf("link students: %w", err)
-		}
-		if n := len(marked); n != len(batch) || slices.Contains(marked, false) {
-			return fmt.Errorf("link students: %d of %d linked, not all marked delivered", n, len(batch))
-		}
-		if args, err = events.args(map[string]any{
-			"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep), "kind": "attempt", "actor": "bench-bound", "attempts": attempts,
-			"outcomes": outcomes, "reason_classes": classes, "errors": errs, "idempotency_keys": keys,
-		}); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, events.sql, args...); err != nil {
-			return fmt.Errorf("record history: %w", err)
-		}
-		return nil
+	// As the sender's store.Record does it: BEGIN with the links, the
+	// history with COMMIT (database.Tx), two round trips.
+	tx, err := database.Begin(ctx, pool, nil)
+	defer tx.End(ctx)
+	if err != nil {
+		return err
+	}
+	args, err := link.args(map[string]any{"outbox_ids": outboxIDs, "student_ids": studentIDs, "user_ids": userIDs})
+	if err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, link.sql, args...)
+	if err != nil {
+		return fmt.Errorf("link students: %w", err)
+	}
+	// Each row: the student linked, and whether its outbox row was
+	// marked delivered by this statement.
+	marked, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (bool, error) {
+		var (
+			student uuid.UUID
+			m       bool
+		)
+		err := row.Scan(&student, &m)
+		return m, err
 	})
+	if err != nil {
+		return fmt.Errorf("link students: %w", err)
+	}
+	if n := len(marked); n != len(batch) || slices.Contains(marked, false) {
+		return fmt.Errorf("link students: %d of %d linked, not all marked delivered", n, len(batch))
+	}
+	if args, err = events.args(map[string]any{
+		"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep), "kind": "attempt", "actor": "bench-bound", "attempts": attempts,
+		"outcomes": outcomes, "reason_classes": classes, "errors": errs, "idempotency_keys": keys,
+	}); err != nil {
+		return err
+	}
+	history := &pgx.Batch{}
+	history.Queue(events.sql, args...)
+	if err := tx.Commit(ctx, history); err != nil {
+		return fmt.Errorf("record history and commit: %w", err)
+	}
+	return nil
 }

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/person"
 )
@@ -96,6 +96,13 @@ func httpClient(conns int) *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns = conns
 	t.MaxIdleConnsPerHost = conns
+	// No more than that open either: past a quarter of Student's
+	// STUDENT_HTTP_MAX_CONNS (1,024) from one address, each new connection
+	// closes one of the client's idle ones (httpapi.LimitConns), and a
+	// request the client sends on it meanwhile fails with EOF. Requests
+	// past the cap wait for a connection, and the wait counts in their
+	// latency, which runs from the scheduled send.
+	t.MaxConnsPerHost = conns
 	return &http.Client{Transport: t, Timeout: 30 * time.Second}
 }
 
@@ -190,7 +197,7 @@ func (b *bench) intakeBound(ctx context.Context, cfg intakeConfig) (float64, err
 	insert := b.q["InsertStudentWithOutbox"]
 	return closedLoop(ctx, cfg, func(ctx context.Context, n int64) error {
 		p := newStudent(n)
-		_, err := ib.Once(ctx, func(ctx context.Context, tx pgx.Tx) (inbox.Outcome, error) {
+		_, err := ib.Once(ctx, func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
 			payload, err := json.Marshal(p)
 			if err != nil {
 				return inbox.Outcome{}, fmt.Errorf("outbox payload: %w", err)

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +94,52 @@ type latencyResult struct {
 	// student (one create-user request each, retries aside). Both -1 when
 	// not measured.
 	cpuPerStudent, usersPerRequest time.Duration
+	// perStudent splits cpuPerStudent by process: each binary, and
+	// "postgres" for the server's processes; nil when not measured.
+	perStudent map[string]time.Duration
+	// serverPerStudent splits perStudent's PostgreSQL by process
+	// (cpuUse.serverByRole); nil when not measured.
+	serverPerStudent map[string]time.Duration
+}
+
+// postgresName is what PostgreSQL's processes are called in a split of
+// the CPU by process.
+const postgresName = "PostgreSQL"
+
+// costs is the run's line of batch sizes and CPU: PostgreSQL's share of a
+// core, the whole system's milliseconds per student and their split by
+// process, and Users' per request.
+func (r latencyResult) costs() string {
+	split := ""
+	if r.perStudent != nil {
+		split = fmt.Sprintf(" (Student %.2f, Users %.2f, sender %.2f, PostgreSQL %.2f)", msFloat(r.perStudent[studentBin]),
+			msFloat(r.perStudent[usersBin]), msFloat(r.perStudent[senderBin]), msFloat(r.perStudent[postgresName]))
+		if broker, ok := r.perStudent[natsdBin]; ok {
+			split = strings.TrimSuffix(split, ")") + fmt.Sprintf(", broker %.2f)", msFloat(broker))
+		}
+	}
+	one := []latencyResult{r}
+	line := fmt.Sprintf("rows per claim %.1f, per recording %.1f; PostgreSQL CPU %s; CPU ms per student %s%s, Users' per request %s",
+		r.claimRows, r.recordRows, pct(r.serverCPU), msMedian(latencyCosts(one, func(r latencyResult) time.Duration { return r.cpuPerStudent })),
+		split, msMedian(latencyCosts(one, func(r latencyResult) time.Duration { return r.usersPerRequest })))
+	return line
+}
+
+// serverSplit is PostgreSQL's CPU per student by process, largest first,
+// "" when not measured.
+func (r latencyResult) serverSplit() string {
+	if len(r.serverPerStudent) == 0 {
+		return ""
+	}
+	roles := slices.Collect(maps.Keys(r.serverPerStudent))
+	slices.SortFunc(roles, func(a, b string) int { return cmp.Compare(r.serverPerStudent[b], r.serverPerStudent[a]) })
+	parts := make([]string, 0, len(roles))
+	for _, role := range roles {
+		if d := r.serverPerStudent[role]; d >= 10*time.Microsecond {
+			parts = append(parts, fmt.Sprintf("%s %.2f", role, msFloat(d)))
+		}
+	}
+	return "PostgreSQL's ms per student by process: " + strings.Join(parts, ", ")
 }
 
 // tailStages splits the latency of the slowest 1% of a run (those at or
@@ -250,6 +299,14 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	if n := time.Duration(sent.Load()); n > 0 {
 		if total := cost.total(); total >= 0 {
 			res.cpuPerStudent = total / n
+			res.perStudent = map[string]time.Duration{postgresName: cost.server / n}
+			for name, d := range cost.byProc {
+				res.perStudent[name] = d / n
+			}
+			res.serverPerStudent = map[string]time.Duration{}
+			for role, d := range cost.serverByRole {
+				res.serverPerStudent[role] = d / n
+			}
 		}
 		if users, ok := cost.byProc[usersBin]; ok {
 			res.usersPerRequest = users / n
@@ -279,26 +336,34 @@ const slotLagEvery = 100 * time.Millisecond
 // WAL position is the server's, so WAL that other databases write counts
 // too, until the slot confirms past it.
 func sampleSlotLag(ctx context.Context, pool *pgxpool.Pool, slot string, every time.Duration) (stop func() (float64, error)) {
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	var (
 		most float64
 		err  error
 	)
+	sample := func(ctx context.Context) (float64, error) {
+		var lag float64
+		e := pool.QueryRow(ctx, `
+			SELECT COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)), 0)::float8
+			FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&lag)
+		if e != nil {
+			return 0, fmt.Errorf("slot lag: %w", e)
+		}
+		return lag, nil
+	}
 	go func() {
 		defer close(done)
 		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
-			var lag float64
-			e := pool.QueryRow(ctx, `
-				SELECT COALESCE(max(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)), 0)::float8
-				FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&lag)
+			lag, e := sample(ctx)
 			if ctx.Err() != nil {
 				return
 			}
 			if e != nil {
-				err = fmt.Errorf("slot lag: %w", e)
+				err = e
 				return
 			}
 			most = max(most, lag)
@@ -312,7 +377,13 @@ func sampleSlotLag(ctx context.Context, pool *pgxpool.Pool, slot string, every t
 	return func() (float64, error) {
 		cancel()
 		<-done
-		return most, err
+		if err != nil {
+			return most, err
+		}
+		// One more at the end: on a loaded machine a sample may still have
+		// been in flight when the loop was stopped, and the lag then counts.
+		lag, err := sample(parent)
+		return max(most, lag), err
 	}
 }
 
@@ -465,6 +536,9 @@ type cpuUse struct {
 	byProc  map[string]time.Duration
 	server  time.Duration
 	elapsed time.Duration
+	// serverByRole splits server by what each of PostgreSQL's processes
+	// is (serverCPU); nil when not measured.
+	serverByRole map[string]time.Duration
 }
 
 // total is every process's and PostgreSQL's use, -1 when PostgreSQL's was
@@ -501,11 +575,13 @@ func (b *bench) cpuSince(sys *system) (func() (cpuUse, error), error) {
 		}
 		before[i] = t
 	}
-	server := func() (time.Duration, error) { return 0, errors.New("no server of the bench's own") }
-	if b.postmaster != 0 {
-		server = func() (time.Duration, error) { return serverCPU(b.postmaster) }
+	server := func() (time.Duration, map[int]serverProc, error) {
+		return 0, nil, errors.New("no server of the bench's own")
 	}
-	serverBefore, serverErr := server()
+	if b.postmaster != 0 {
+		server = func() (time.Duration, map[int]serverProc, error) { return serverCPU(b.postmaster) }
+	}
+	serverBefore, procsBefore, serverErr := server()
 	start := time.Now()
 	return func() (cpuUse, error) {
 		use := cpuUse{byProc: map[string]time.Duration{}, server: -1, elapsed: time.Since(start)}
@@ -516,8 +592,9 @@ func (b *bench) cpuSince(sys *system) (func() (cpuUse, error), error) {
 			}
 			use.byProc[p.name] += t - before[i]
 		}
-		if after, err := server(); serverErr == nil && err == nil {
+		if after, procs, err := server(); serverErr == nil && err == nil {
 			use.server = after - serverBefore
+			use.serverByRole = serverSplit(use.server, procsBefore, procs)
 		}
 		return use, nil
 	}, nil

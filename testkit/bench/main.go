@@ -39,6 +39,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -80,6 +81,8 @@ type options struct {
 	idleSettle       time.Duration
 	idleWindow       time.Duration
 	cdc              bool
+	baseline         string
+	env              string
 
 	soak       bool
 	students   int
@@ -102,6 +105,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	fs.DurationVar(&o.idleSettle, "idle-settle", 5*time.Second, "idle CPU: wait after the last latency run before sampling")
 	fs.DurationVar(&o.idleWindow, "idle-window", 20*time.Second, "idle CPU: sampling window")
 	fs.BoolVar(&o.cdc, "cdc", true, "burndown, latency and idle CPU also with SENDER_SOURCE=cdc, beside the default poll (needs wal_level=logical)")
+	fs.StringVar(&o.baseline, "baseline", "", "measure only the costs (burndown, latency, CPU per student; poll), of this checkout beside the binaries of this git commit, in turn")
+	fs.StringVar(&o.env, "env", "", "with -baseline: more variables for this checkout's processes, as NAME=VALUE,NAME=VALUE (a setting measured against the baseline's defaults)")
 	fs.BoolVar(&o.soak, "soak", false, "run the soak instead: -students through the whole system at -rate")
 	fs.IntVar(&o.students, "students", 1_000_000, "soak: students to send")
 	fs.Float64Var(&o.rate, "rate", 500, "soak: students per second, a rate the system sustains")
@@ -119,6 +124,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		o.warmup < 0, o.latencyWarmup < 0, o.idleSettle < 0, o.soakWarmup < 0:
 		return errors.New("flags out of range: rounds, rows, students and rate at least 1, clients 1 to 1024, " +
 			"measuring durations positive, warm-ups and settling not negative")
+	}
+	if o.baseline != "" && o.soak {
+		return errors.New("-baseline compares the bench's measures, not the soak: use one or the other")
+	}
+	var thisEnv []string
+	if o.env != "" {
+		if o.baseline == "" {
+			return errors.New("-env sets variables for this checkout beside a baseline: give -baseline too")
+		}
+		for kv := range strings.SplitSeq(o.env, ",") {
+			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+				return fmt.Errorf("-env: %q is not NAME=VALUE", kv)
+			}
+			thisEnv = append(thisEnv, kv)
+		}
 	}
 
 	// A throwaway server of its own, durable as a deployment is: the test
@@ -143,7 +163,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	if err != nil {
 		return err
 	}
-	if o.cdc && !o.soak {
+	if o.cdc && !o.soak && o.baseline == "" {
 		if err := logicalDecoding(ctx, server); err != nil {
 			return err
 		}
@@ -194,9 +214,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	if err := buildBinaries(ctx, root, dir); err != nil {
 		return err
 	}
-	if o.soak {
+	if slices.Contains(thisEnv, "SENDER_TRANSPORT=nats") {
+		if err := buildBroker(ctx, root, dir); err != nil {
+			return err
+		}
+	}
+	b.bins = dir
+	switch {
+	case o.soak:
 		err = b.soak(ctx, o)
-	} else {
+	case o.baseline != "":
+		b.printf("building the baseline %s\n", o.baseline)
+		base, desc, berr := buildBaseline(ctx, root, o.baseline, dir)
+		if berr != nil {
+			return berr
+		}
+		err = b.compare(ctx, o, []build{base, {name: "this", bins: dir, env: thisEnv}}, desc)
+	default:
 		err = b.measure(ctx, o)
 	}
 	if err != nil && ctx.Err() != nil {
@@ -226,14 +260,6 @@ type sourceFigures struct {
 	idleServer float64
 }
 
-// roundSources is the order the sources are measured in, in round r (from
-// 1): rotated by one each round, so that neither always runs first, on a
-// machine that drifts.
-func roundSources(sources []string, r int) []string {
-	k := (r - 1) % len(sources)
-	return append(slices.Clone(sources[k:]), sources[:k]...)
-}
-
 // tagFor is what a measurement's lines say after the round: nothing for
 // poll, the default, whose lines are as they always were.
 func tagFor(source string) string {
@@ -260,7 +286,7 @@ func (b *bench) measure(ctx context.Context, o options) error {
 	icfg := intakeConfig{clients: o.clients, warmup: o.warmup, duration: o.duration}
 	for r := 1; r <= o.rounds; r++ {
 		tag := fmt.Sprintf("round %d/%d", r, o.rounds)
-		order := roundSources(sources, r)
+		order := rotated(sources, r)
 		b.printf("%s  intake, real ...\n", tag)
 		got, err := b.intakeReal(ctx, icfg)
 		if err != nil {
@@ -325,9 +351,10 @@ func (b *bench) measure(ctx context.Context, o options) error {
 				}
 				b.printf("%s  latency at %.0f/s%s: p50 %s  p90 %s  p99 %s  (%d students)%s\n",
 					tag, rate, tagFor(src), ms(res.p50), ms(res.p90), ms(res.p99), res.students, lag)
-				b.printf("%s    rows per claim %.1f, per recording %.1f; PostgreSQL CPU %s; CPU per student %s, Users' per request %s\n",
-					tag, res.claimRows, res.recordRows, pct(res.serverCPU), msMedian(latencyCosts([]latencyResult{res}, func(r latencyResult) time.Duration { return r.cpuPerStudent })),
-					msMedian(latencyCosts([]latencyResult{res}, func(r latencyResult) time.Duration { return r.usersPerRequest })))
+				b.printf("%s    %s\n", tag, res.costs())
+				if split := res.serverSplit(); split != "" {
+					b.printf("%s    %s\n", tag, split)
+				}
 				if res.tail != nil {
 					b.printf("%s    %s\n", tag, res.tail)
 				}
@@ -411,9 +438,7 @@ func (b *bench) report(o options, f figures) {
 	// Costs, not times (issue: CPU per student on two cores): the whole
 	// system's CPU per student at 200/s and per row in the burndown, and
 	// Users' own per create-user request at 200/s; "-" when not measured.
-	fmt.Fprintf(b.out, "cpu_ms_per_student_at_200 %s\n", msMedian(latencyCosts(poll.latency[200], func(r latencyResult) time.Duration { return r.cpuPerStudent })))
-	fmt.Fprintf(b.out, "cpu_ms_per_student_burndown %s\n", msMedian(poll.burndownCPU))
-	fmt.Fprintf(b.out, "users_cpu_ms_per_request %s\n", msMedian(latencyCosts(poll.latency[200], func(r latencyResult) time.Duration { return r.usersPerRequest })))
+	poll.printCosts(b.out, "")
 	if cdc != nil {
 		fmt.Fprintf(b.out, "cdc_burndown_ratio %.2f\n", median(cdc.burndownRatio))
 		fmt.Fprintf(b.out, "cdc_p99_ms_at_200 %.1f\n", msFloat(cdc.p99(200)))
@@ -421,6 +446,14 @@ func (b *bench) report(o options, f figures) {
 		fmt.Fprintf(b.out, "cdc_idle_cpu_pct %.2f\n", cdc.idle[senderBin])
 		fmt.Fprintf(b.out, "cdc_slot_lag_bytes_max %.0f\n", max(0, cdc.slotLagMax(latencyRates...)))
 	}
+}
+
+// printCosts prints the name-value lines of what a student costs, each
+// name after prefix.
+func (sf *sourceFigures) printCosts(out io.Writer, prefix string) {
+	fmt.Fprintf(out, "%scpu_ms_per_student_at_200 %s\n", prefix, msMedian(latencyCosts(sf.latency[200], func(r latencyResult) time.Duration { return r.cpuPerStudent })))
+	fmt.Fprintf(out, "%scpu_ms_per_student_burndown %s\n", prefix, msMedian(sf.burndownCPU))
+	fmt.Fprintf(out, "%susers_cpu_ms_per_request %s\n", prefix, msMedian(latencyCosts(sf.latency[200], func(r latencyResult) time.Duration { return r.usersPerRequest })))
 }
 
 // sideBySide prints the sender's two sources in columns: medians, with the

@@ -34,6 +34,17 @@ func buildBinaries(ctx context.Context, root, dir string) error {
 	return nil
 }
 
+// buildBroker builds the broker's process (natsd) into dir, from this
+// checkout: the bench starts it when it measures SENDER_TRANSPORT=nats.
+func buildBroker(ctx context.Context, root, dir string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, natsdBin), "./testkit/natsserver/natsd")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the broker: %w\n%s", err, out)
+	}
+	return nil
+}
+
 // proc is one binary running as a child process, in its own process group,
 // with its output in a log file.
 type proc struct {
@@ -260,19 +271,21 @@ func parentPID(pid int) (int, error) {
 // serverCPU is the CPU time a PostgreSQL server has used: its postmaster's
 // own and that of its children that have exited (cutime and cstime: the
 // postmaster reaps every backend), plus each running child's (the
-// backends, the walsenders, the checkpointer, the WAL writer...).
-func serverCPU(postmaster int) (time.Duration, error) {
+// backends, the walsenders, the checkpointer, the WAL writer...), which
+// byPID gives one by one with what each is (serverRole).
+func serverCPU(postmaster int) (total time.Duration, byPID map[int]serverProc, err error) {
 	f, err := statFields(postmaster)
 	if err != nil {
-		return 0, fmt.Errorf("server cpu: %w", err)
+		return 0, nil, fmt.Errorf("server cpu: %w", err)
 	}
-	total, err := ticks(f, 14, 15, 16, 17)
+	total, err = ticks(f, 14, 15, 16, 17)
 	if err != nil {
-		return 0, fmt.Errorf("server cpu: %w", err)
+		return 0, nil, fmt.Errorf("server cpu: %w", err)
 	}
+	byPID = map[int]serverProc{}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, fmt.Errorf("server cpu: %w", err)
+		return 0, nil, fmt.Errorf("server cpu: %w", err)
 	}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -285,7 +298,74 @@ func serverCPU(postmaster int) (time.Duration, error) {
 		}
 		if t, err := ticks(f, 14, 15); err == nil {
 			total += t
+			byPID[pid] = serverProc{role: serverRole(pid), cpu: t}
 		}
 	}
-	return total, nil
+	return total, byPID, nil
 }
+
+// serverProc is one of PostgreSQL's running processes: what it is, and the
+// CPU it has used.
+type serverProc struct {
+	role string
+	cpu  time.Duration
+}
+
+// exitedRole is what the split of PostgreSQL's CPU calls the rest: the
+// postmaster's own, and what processes that exited within the window used
+// (autovacuum workers, say), which their exit folds into the postmaster's.
+const exitedRole = "postmaster and exited processes"
+
+// serverSplit is the CPU each kind of process used between two readings
+// of serverCPU (total and byPID each), by role; what no running process
+// accounts for is exitedRole's.
+func serverSplit(total time.Duration, before, after map[int]serverProc) map[string]time.Duration {
+	split := map[string]time.Duration{}
+	rest := total
+	for pid, p := range after {
+		d := p.cpu - before[pid].cpu // a new process: all of it
+		split[p.role] += d
+		rest -= d
+	}
+	if rest > 0 {
+		split[exitedRole] += rest
+	}
+	return split
+}
+
+// serverRole is what a server process is, by its title (roleOfTitle);
+// "?" when it cannot be read.
+func serverRole(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return "?"
+	}
+	return roleOfTitle(strings.TrimRight(string(b), "\x00"))
+}
+
+// roleOfTitle is what a PostgreSQL process's title says it is: "postgres:
+// ROLE DATABASE HOST(PORT) STATE" (or [local]) for a backend, which is its
+// login role (benchAdmin for the bench's own); "postgres: walsender ROLE
+// ..." for a walsender; "postgres: walwriter" and the like for the others;
+// "?" for a title not PostgreSQL's.
+func roleOfTitle(title string) string {
+	rest, ok := strings.CutPrefix(title, "postgres: ")
+	if !ok {
+		return "?"
+	}
+	f := strings.Fields(rest)
+	switch {
+	case len(f) >= 2 && f[0] == "walsender":
+		return "walsender " + f[1]
+	case len(f) >= 3 && (strings.Contains(f[2], "(") || f[2] == "[local]"):
+		if f[0] == "postgres" {
+			return benchAdmin
+		}
+		return f[0]
+	}
+	return strings.Join(f, " ")
+}
+
+// benchAdmin names the sessions of the bench's own administrator (the
+// cluster's superuser, postgres): seeding, and watching for links.
+const benchAdmin = "the bench (postgres)"

@@ -28,7 +28,7 @@ func TestLoadQueries(t *testing.T) {
 		require.False(t, strings.HasSuffix(q.sql, ";"), name)
 	}
 	// One statement in full, as sqlc would send it.
-	require.Contains(t, qs["ClaimDue"].sql, "SET available_at = now() + $1::interval")
+	require.Contains(t, qs["ClaimDue"].sql, "available_at = now() + $1::interval")
 	require.Contains(t, qs["ClaimDue"].sql, "LIMIT $3")
 	require.Contains(t, qs["ClaimDue"].sql, "(o.age_from + $4::interval < now())::boolean AS expired")
 	require.NotContains(t, qs["RecordEvents"].sql, "One statement for a whole batch")

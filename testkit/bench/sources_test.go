@@ -19,13 +19,13 @@ import (
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
-func TestRoundSources(t *testing.T) {
+func TestRotated(t *testing.T) {
 	t.Parallel()
 	both := []string{sourcePoll, sourceCDC}
-	require.Equal(t, []string{sourcePoll, sourceCDC}, roundSources(both, 1))
-	require.Equal(t, []string{sourceCDC, sourcePoll}, roundSources(both, 2))
-	require.Equal(t, []string{sourcePoll, sourceCDC}, roundSources(both, 3))
-	require.Equal(t, []string{sourcePoll}, roundSources([]string{sourcePoll}, 2))
+	require.Equal(t, []string{sourcePoll, sourceCDC}, rotated(both, 1))
+	require.Equal(t, []string{sourceCDC, sourcePoll}, rotated(both, 2))
+	require.Equal(t, []string{sourcePoll, sourceCDC}, rotated(both, 3))
+	require.Equal(t, []string{sourcePoll}, rotated([]string{sourcePoll}, 2))
 	require.Equal(t, []string{sourcePoll, sourceCDC}, both, "the sources given are left as they were")
 }
 

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/testkit/freeport"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -33,9 +36,15 @@ type bench struct {
 	// commitTimes: the server tracks commit timestamps, so latency can end
 	// at the link's commit rather than at its transaction's start.
 	commitTimes bool
-	dir         string // binaries and logs
-	q           queries
-	procs       *procs
+	dir         string // logs, and the builds' binaries
+	// bins is the directory of the binaries measured now: this checkout's,
+	// or with -baseline, in turn, the baseline's (compare.go).
+	bins string
+	// env is more variables for every binary the bench starts to serve
+	// (not to migrate): with -baseline, -env's, for this checkout only.
+	env   []string
+	q     queries
+	procs *procs
 	// postmaster is the process id of the bench's own cluster's
 	// postmaster, whose CPU use the bench reads; 0 on another server.
 	postmaster int
@@ -157,7 +166,7 @@ func (b *bench) migrate(ctx context.Context, bin, name string, n int) error {
 		}
 	}
 	logPath := filepath.Join(b.dir, fmt.Sprintf("%s-migrate-%d.log", bin, n))
-	p, err := startProc(filepath.Join(b.dir, bin), logPath, append(env, "LOG_LEVEL=warn"), "migrate")
+	p, err := startProc(filepath.Join(b.bins, bin), logPath, append(env, "LOG_LEVEL=warn"), "migrate")
 	if err != nil {
 		return err
 	}
@@ -278,7 +287,12 @@ type system struct {
 	extra  map[string][]string // more variables, by binary (the soak's retentions)
 	source string              // the sender's SENDER_SOURCE: sourcePoll or sourceCDC
 
-	student, users, sender          *proc
+	student, users, sender *proc
+	// nats is the broker's process, when the sender's transport is
+	// nats (brokered); natsURL and natsPasswords are how to reach it.
+	nats                            *proc
+	natsURL                         string
+	natsPasswords                   map[string]string
 	studentAddr, usersAddr, admAddr string // listen addresses, 127.0.0.1:port
 	// Student's and Users' admin listeners (/metrics), unused by the
 	// bench but given free ports so that no two systems collide.
@@ -300,6 +314,11 @@ func (b *bench) start(ctx context.Context, d *databases, w which, extra map[stri
 		return nil, err
 	}
 	s.source = cmp.Or(w.source, sourcePoll)
+	if b.brokered() && (w.users || w.sender) {
+		if err := s.startBroker(ctx); err != nil {
+			return nil, err
+		}
+	}
 	for _, step := range []struct {
 		want bool
 		bin  string
@@ -386,9 +405,18 @@ func (s *system) launch(ctx context.Context, bin string) error {
 	default:
 		return fmt.Errorf("launch: no binary %q", bin)
 	}
+	if s.natsURL != "" {
+		// Users reads commands whatever the transport; the sender's is
+		// b.env's SENDER_TRANSPORT.
+		prefix, user := "USERS_", natsbus.UsersUser
+		if bin == senderBin {
+			prefix, user = "SENDER_", natsbus.SenderUser
+		}
+		env = append(env, prefix+"NATS_URL="+s.natsURL, prefix+"NATS_PASSWORD="+s.natsPasswords[user])
+	}
 	logPath := filepath.Join(b.dir, fmt.Sprintf("%s-%d.log", bin, s.n))
-	env = append(append(env, "LOG_LEVEL=warn"), s.extra[bin]...)
-	p, err := startProc(filepath.Join(b.dir, bin), logPath, env)
+	env = append(append(append(env, "LOG_LEVEL=warn"), b.env...), s.extra[bin]...)
+	p, err := startProc(filepath.Join(b.bins, bin), logPath, env)
 	if err != nil {
 		return err
 	}
@@ -485,7 +513,7 @@ func histogramMeans(r io.Reader, names ...string) ([]float64, error) {
 
 func (s *system) running() []*proc {
 	var out []*proc
-	for _, p := range []*proc{s.student, s.users, s.sender} {
+	for _, p := range []*proc{s.student, s.users, s.sender, s.nats} {
 		if p != nil {
 			out = append(out, p)
 		}
@@ -506,11 +534,53 @@ func (s *system) alive() error {
 // stop stops the sender first, then Student and Users, recording each one's
 // peak RSS.
 func (s *system) stop() {
-	for _, p := range []*proc{s.sender, s.student, s.users} {
+	for _, p := range []*proc{s.sender, s.student, s.users, s.nats} {
 		if p != nil {
 			s.b.procs.stop(p)
 		}
 	}
+}
+
+// natsdBin is the broker's process (testkit/natsserver/natsd), built from
+// this checkout whatever the build measured.
+const natsdBin = "natsd"
+
+// brokered says whether the binaries measured now run with
+// SENDER_TRANSPORT=nats (-env's, with -baseline).
+func (b *bench) brokered() bool {
+	return slices.Contains(b.env, "SENDER_TRANSPORT=nats")
+}
+
+// startBroker starts a NATS server of the system's own, with the streams
+// provisioned and fresh storage, as a process whose CPU counts with the
+// others'.
+func (s *system) startBroker(ctx context.Context) error {
+	client, err := freeport.Addr()
+	if err != nil {
+		return err
+	}
+	ready, err := freeport.Addr()
+	if err != nil {
+		return err
+	}
+	_, port, _ := strings.Cut(client, ":")
+	s.natsURL = "nats://" + client
+	s.natsPasswords = map[string]string{}
+	var pairs []string
+	for _, user := range []string{"admin", natsbus.SenderUser, natsbus.UsersUser} {
+		s.natsPasswords[user] = fmt.Sprintf("bench-%s-%d-0123456789", user, s.n)
+		pairs = append(pairs, user+"="+s.natsPasswords[user])
+	}
+	dir := filepath.Join(s.b.dir, fmt.Sprintf("nats-%d", s.n))
+	p, err := startProc(filepath.Join(s.b.dir, natsdBin), filepath.Join(s.b.dir, fmt.Sprintf("%s-%d.log", natsdBin, s.n)), []string{
+		"NATSD_DIR=" + dir, "NATSD_PORT=" + port, "NATSD_READY_ADDR=" + ready, "NATSD_PASSWORDS=" + strings.Join(pairs, ","),
+	})
+	if err != nil {
+		return err
+	}
+	s.b.procs.add(p)
+	s.nats = p
+	return p.waitReady(ctx, "http://"+ready+"/readyz")
 }
 
 // rolePool opens a pool on database name as a runtime role, configured as

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCompareReport checks the comparison's last lines, which scripts
+// read: this build's figures under the bench's usual names, then the
+// baseline's prefixed; and that the ratio column is the median of each
+// round's ratio, not the ratio of the medians.
+func TestCompareReport(t *testing.T) {
+	t.Parallel()
+	lat := func(p99ms, cpuMS float64) latencyResult {
+		return latencyResult{p99: time.Duration(p99ms * float64(time.Millisecond)), cpuPerStudent: time.Duration(cpuMS * float64(time.Millisecond)),
+			usersPerRequest: time.Millisecond / 2, perStudent: map[string]time.Duration{postgresName: time.Millisecond}}
+	}
+	base := &buildFigures{
+		burndown: []float64{1000, 1000, 1000}, burndownCPU: []time.Duration{2 * time.Millisecond, 2 * time.Millisecond, 2 * time.Millisecond},
+		latency: map[float64][]latencyResult{200: {lat(20, 6), lat(30, 4), lat(25, 5)}, 500: {lat(100, 3), lat(300, 3), lat(200, 3)}},
+	}
+	this := &buildFigures{
+		burndown: []float64{1100, 1200, 900}, burndownCPU: []time.Duration{time.Millisecond, time.Millisecond, time.Millisecond},
+		// Per round: 3/6, 4/4, 2.5/5: median ratio 0.5; the medians' ratio would be 3/5.
+		latency: map[float64][]latencyResult{200: {lat(10, 3), lat(12, 4), lat(11, 2.5)}, 500: {lat(50, 2), lat(70, 2), lat(60, 2)}},
+	}
+	var out bytes.Buffer
+	b := &bench{out: &out}
+	b.compareReport(options{rounds: 3}, base, this, "HEAD (0123456789)")
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	require.Equal(t, []string{
+		"p99_ms_at_200 11.0",
+		"p99_ms_at_500 60.0",
+		"cpu_ms_per_student_at_200 3.00",
+		"cpu_ms_per_student_burndown 1.00",
+		"users_cpu_ms_per_request 0.50",
+		"baseline_p99_ms_at_200 25.0",
+		"baseline_p99_ms_at_500 200.0",
+		"baseline_cpu_ms_per_student_at_200 5.00",
+		"baseline_cpu_ms_per_student_burndown 2.00",
+		"baseline_users_cpu_ms_per_request 0.50",
+	}, lines[len(lines)-10:])
+	text := out.String()
+	require.Regexp(t, `CPU ms per student at 200/s +5\.00 \[4\.00–6\.00\] +3\.00 \[2\.50–4\.00\] +0\.50`, text)
+	require.Regexp(t, `CPU ms per student, burndown +2\.00 \[2\.00–2\.00\] +1\.00 \[1\.00–1\.00\] +0\.50`, text)
+}
+
+func TestServerRole(t *testing.T) {
+	t.Parallel()
+	// A process that is not PostgreSQL's has no role.
+	cmd := exec.CommandContext(context.Background(), "sleep", "5")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	require.Equal(t, "?", serverRole(cmd.Process.Pid))
+	require.Equal(t, "?", serverRole(-1))
+}
+
+func TestRoleOfTitle(t *testing.T) {
+	t.Parallel()
+	for title, want := range map[string]string{
+		"postgres: users_app bench_users_3 127.0.0.1(40312) idle": "users_app",
+		"postgres: outbox_sender bench_student_3 [local] UPDATE":  "outbox_sender",
+		"postgres: walwriter ":         "walwriter",
+		"postgres: background writer ": "background writer",
+		"postgres: walsender outbox_cdc 127.0.0.1(5555) START_REPLICATION": "walsender outbox_cdc",
+		"/usr/lib/postgresql/15/bin/postgres -D /tmp/x":                    "?",
+	} {
+		require.Equal(t, want, roleOfTitle(title), title)
+	}
+}
+
+// TestServerSplit: each running process counts what it used since the
+// first reading (all of it when new), and what none accounts for, such as
+// a backend that exited, is the postmaster's line; the parts sum to the
+// total.
+func TestServerSplit(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	before := map[int]serverProc{10: {"student_app", 100 * ms}, 11: {"users_app", 50 * ms}, 12: {"autovacuum worker", 30 * ms}}
+	after := map[int]serverProc{10: {"student_app", 160 * ms}, 11: {"users_app", 70 * ms}, 13: {"users_app", 5 * ms}}
+	// 60 + 20 + 5 by the running ones, and the exited worker's 40 (its 30
+	// before and 10 more) moved into the postmaster's reaped time.
+	split := serverSplit(125*ms, before, after)
+	require.Equal(t, map[string]time.Duration{"student_app": 60 * ms, "users_app": 25 * ms, exitedRole: 40 * ms}, split)
+}
