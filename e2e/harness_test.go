@@ -25,8 +25,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/auth"
+	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/invariant"
+	"github.com/outboxref/outboxref/testkit/natsserver"
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -81,6 +84,30 @@ type scenarioOptions struct {
 	// source is where the senders take new rows from: sourcePoll (also
 	// "") or sourceCDC; TestFaults sets it from scenarioDef.sources.
 	source string
+	// transport is how rows reach Users: transportHTTP (also "") or
+	// transportNATS, through a NATS JetStream server the scenario starts.
+	transport string
+	// brokerNodes is 3 for a three-node JetStream cluster with streams
+	// replicated on each; otherwise one server.
+	brokerNodes int
+	// senderBrokerProxy puts a Toxiproxy proxy between the senders and
+	// the broker (scenario.brokerToxi), so that the broker can be cut
+	// off from the sender alone.
+	senderBrokerProxy bool
+}
+
+// The transports to Users (SENDER_TRANSPORT).
+const (
+	transportHTTP = "http"
+	transportNATS = "nats"
+)
+
+// transportLabel is the transport a scenario runs with, for its summary.
+func transportLabel(def scenarioDef) string {
+	if def.opts.transport == "" {
+		return transportHTTP
+	}
+	return def.opts.transport
 }
 
 // The sender's tuning for the suite: fast polls and backoffs so that
@@ -135,17 +162,27 @@ type scenario struct {
 	studentDB, usersDB           *pgxpool.Pool
 
 	users, student *proc
-	senders        []*proc
-	usersAddr      string
-	studentAddr    string
-	usersAdmin     string // Users' admin listener (/metrics)
-	studentAdmin   string // Student's admin listener (/metrics)
-	toxi           *faultProxy
-	faults         *httpFaults // nil unless opts.httpFaults
-	client         *http.Client
-	senderDBProxy  *dbProxy // nil unless opts.senderDBProxy
-	senderDBURL    string   // Student's database as the sender reaches it
-	usersDBProxy   *dbProxy // nil unless opts.usersDBProxy
+	// broker is the NATS JetStream server between the sender and Users,
+	// with the nats transport, or brokerCluster its three nodes (nil
+	// with HTTP); brokerURL and brokerPasswords are how to reach either.
+	broker          *natsserver.Server
+	brokerCluster   *natsserver.Cluster
+	brokerURL       string
+	brokerPasswords map[string]auth.Secret
+	// brokerToxi is the senders' way to the broker, with
+	// senderBrokerProxy.
+	brokerToxi    *faultProxy
+	senders       []*proc
+	usersAddr     string
+	studentAddr   string
+	usersAdmin    string // Users' admin listener (/metrics)
+	studentAdmin  string // Student's admin listener (/metrics)
+	toxi          *faultProxy
+	faults        *httpFaults // nil unless opts.httpFaults
+	client        *http.Client
+	senderDBProxy *dbProxy // nil unless opts.senderDBProxy
+	senderDBURL   string   // Student's database as the sender reaches it
+	usersDBProxy  *dbProxy // nil unless opts.usersDBProxy
 	// source is where the scenario's senders take new rows from
 	// (opts.source, poll by default); slot is the replication slot its cdc
 	// senders stream from, one per Student database, since slots belong to
@@ -194,7 +231,7 @@ func runScenario(t *testing.T, def scenarioDef, bins buildSet) scenarioOutcome {
 	if len(out.violations) > 0 {
 		verdict = fmt.Sprintf("FAIL (%d)", len(out.violations))
 	}
-	recordResult(scenarioResult{name: def.id, source: sourceLabel(def), build: bins.label, verdict: verdict, duration: out.duration, drain: out.drain, report: out.report})
+	recordResult(scenarioResult{name: def.id, source: sourceLabel(def), transport: transportLabel(def), build: bins.label, verdict: verdict, duration: out.duration, drain: out.drain, report: out.report})
 	t.Logf("%s (%s) finished in %s: %s", def.id, sourceLabel(def), out.duration.Round(100*time.Millisecond), verdict)
 	return out
 }
@@ -272,6 +309,11 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 		"USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.UsersApp),
 		"USERS_API_TOKENS="+usersTokens)
 	s.users.env = append(s.users.env, s.tracingEnv()...)
+	if def.opts.transport == transportNATS {
+		s.startBroker()
+		s.users.env = append(s.users.env, "USERS_NATS_URL="+s.brokerURL,
+			"USERS_NATS_PASSWORD="+string(s.brokerPasswords[natsbus.UsersUser]))
+	}
 	var usersExtra []string
 	if def.opts.usersCrash != "" {
 		usersExtra = append(usersExtra, "CRASH_POINT="+def.opts.usersCrash)
@@ -433,6 +475,17 @@ func (s *scenario) newSenderOf(source string) *proc {
 		"LOG_LEVEL=info",
 	}, senderTuning...)
 	env = append(env, s.tracingEnv()...)
+	if s.brokerURL != "" {
+		senderBroker := s.brokerURL
+		if s.brokerToxi != nil {
+			senderBroker = "nats://" + s.brokerToxi.addr()
+		}
+		env = append(env, "SENDER_TRANSPORT=nats", "SENDER_NATS_URL="+senderBroker,
+			"SENDER_NATS_PASSWORD="+string(s.brokerPasswords[natsbus.SenderUser]),
+			// Short, so that a command the broker lost is asked for again
+			// within a scenario; the broker drops a repeat it still holds.
+			"SENDER_NATS_ANSWER_WAIT=2s")
+	}
 	if source == sourceCDC {
 		s.cdcSenders = true
 		// The replication connection takes the same way to the database
@@ -555,8 +608,11 @@ func (s *scenario) settle() scenarioOutcome {
 	if s.settleWait > 0 {
 		settleWait = s.settleWait
 	}
-	if s.eventually(settleWait, "no outbox row is pending", func() bool {
-		return s.count(s.studentDB, "SELECT count(*) FROM outbox WHERE state = 'pending'") == 0
+	// A published row (SENDER_TRANSPORT=nats) waits for Users' answer:
+	// not settled either. Its reply may come only after the broker's ack
+	// wait, when a sender was killed holding it.
+	if s.eventually(settleWait, "no outbox row is pending or published", func() bool {
+		return s.count(s.studentDB, "SELECT count(*) FROM outbox WHERE state IN ('pending', 'published')") == 0
 	}) {
 		s.note("quiet %s after the last fault and load", time.Since(settleStart).Round(100*time.Millisecond))
 	}

@@ -51,13 +51,16 @@ type buildSet struct {
 
 // scenarioResult is one scenario's line in the closing summary.
 type scenarioResult struct {
-	name     string
-	source   string // where the senders took new rows from: poll, cdc, or none
-	build    string
-	verdict  string
-	duration time.Duration
-	drain    time.Duration // from the heal until every student was linked; 0 if not measured
-	report   invariant.Report
+	name   string
+	source string // where the senders took new rows from: poll, cdc, or none
+	// transport is how rows reached Users: http, or nats (a JetStream
+	// broker between the sender and Users).
+	transport string
+	build     string
+	verdict   string
+	duration  time.Duration
+	drain     time.Duration // from the heal until every student was linked; 0 if not measured
+	report    invariant.Report
 }
 
 func TestMain(m *testing.M) {
@@ -246,15 +249,15 @@ func printSummary(total time.Duration) {
 	}
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "scenario\tsource\tbuild\tverdict\ttime\tdrain\tstudents\tlinked\tdead\tlost\tdup\tmislinked\tunexpected\tusers\tredeliveries\treplays")
+	fmt.Fprintln(w, "scenario\tsource\ttransport\tbuild\tverdict\ttime\tdrain\tstudents\tlinked\tdead\tlost\tdup\tmislinked\tunexpected\tusers\tredeliveries\treplays")
 	for _, r := range suite.results {
 		p := r.report
 		drain := "-"
 		if r.drain > 0 {
 			drain = r.drain.Round(100 * time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n",
-			r.name, r.source, r.build, r.verdict, r.duration.Round(100*time.Millisecond), drain,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n",
+			r.name, r.source, r.transport, r.build, r.verdict, r.duration.Round(100*time.Millisecond), drain,
 			p.Students, p.Linked, p.Dead, p.Lost, p.Duplicated, p.Mislinked, p.Unexpected, p.Users, p.Redeliveries, p.Replays)
 	}
 	_ = w.Flush()
