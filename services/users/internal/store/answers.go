@@ -150,7 +150,13 @@ func (s *Store) relay(ctx context.Context, batch int32, publish PublishFunc) (cl
 	for i, r := range rows {
 		answers[i] = Answer{ID: r.ID, MessageID: r.MessageID, Key: r.IdempotencyKey, Subject: r.Subject, Payload: r.Payload, TraceParent: r.TraceParent}
 	}
-	ids, pubErr := publish(ctx, answers)
+	// The wait for the broker's acknowledgements gets half of what is
+	// left of the transaction's time: a broker slow enough to use it all
+	// would otherwise leave none for the commit, and even the answers it
+	// did acknowledge would be published again, batch after batch.
+	pctx, cancel := publishDeadline(ctx)
+	ids, pubErr := publish(pctx, answers)
+	cancel()
 	if len(ids) == 0 {
 		return len(rows), 0, pubErr, nil
 	}
@@ -162,6 +168,15 @@ func (s *Store) relay(ctx context.Context, batch int32, publish PublishFunc) (cl
 		return len(rows), 0, pubErr, fmt.Errorf("mark answers published: %w", err)
 	}
 	return len(rows), len(ids), pubErr, nil
+}
+
+// publishDeadline bounds a publish to half of ctx's remaining time.
+func publishDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(d)/2)
 }
 
 // UnpublishedAnswers counts the answers not yet published.

@@ -116,3 +116,27 @@ func TestRoundTripsReplying(t *testing.T) {
 	require.Zero(t, published)
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM answers WHERE published_at IS NULL"))
 }
+
+// TestRelayMarksWhatASlowBrokerAcknowledged: a broker that acknowledges
+// some answers and then keeps the relay waiting for the rest leaves the
+// relay time to commit the marks of those it did acknowledge, so they are
+// not published again.
+func TestRelayMarksWhatASlowBrokerAcknowledged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.URL(t, migrations.Users)
+	admin := pgtest.Connect(t, dbURL)
+	s := New(pgtest.ConnectAs(t, dbURL, migrations.UsersApp), time.Second, 500*time.Millisecond)
+	for range 2 {
+		require.NoError(t, s.RecordReply(ctx, Reply{MessageID: uuid.New(), Subject: "s", Key: uuid.New(),
+			Payload: func(inbox.Outcome) ([]byte, error) { return []byte(`{}`), nil }}, inbox.Outcome{}))
+	}
+	claimed, published, err := s.RelayAnswers(ctx, 10, func(ctx context.Context, as []Answer) ([]int64, error) {
+		<-ctx.Done() // the second acknowledgement never comes
+		return []int64{as[0].ID}, ctx.Err()
+	})
+	require.ErrorIs(t, err, ErrPublish)
+	require.Equal(t, 2, claimed)
+	require.Equal(t, 1, published)
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM answers WHERE published_at IS NULL"))
+}
