@@ -126,8 +126,11 @@ func (r *Relay) PurgeLoop(ctx context.Context) error {
 			r.log.Info("outbox purged", slog.Int64("rows", n), slog.Duration("retention", r.cfg.DeliveredRetention))
 		}
 		// The inbox of replies keeps what the broker may still deliver
-		// again: a reply acked is not delivered again to the same durable
-		// consumer, so the retention only needs to outlast the ack wait.
+		// again: an acked reply is not delivered again to the same durable
+		// consumer, but Users' relay publishes an answer again when it
+		// could not mark it published, and a re-created consumer reads the
+		// stream (7 days) from its start, so the retention must outlast the
+		// stream's.
 		if n, err := r.store.PurgeReplies(ctx, r.cfg.DeliveredRetention, 1000); err != nil && ctx.Err() == nil {
 			r.log.Error("reply inbox purge failed", slog.String("error", err.Error()))
 		} else if n > 0 {

@@ -153,14 +153,20 @@ func (t *Transport) Deliver(ctx context.Context, row store.Row) relay.Answer {
 // provisioning) stops delivering; Replies then looks the consumer up again
 // rather than leave the rows waiting as published with nobody reading
 // their answers.
+//
+// A reader that could not start is started again too: while nobody reads
+// the replies, Users goes on creating users whose rows the sender would
+// end up dead-lettering as expired.
 func (t *Transport) Replies(ctx context.Context, rec Recorder) error {
 	for ctx.Err() == nil {
-		if err := t.readReplies(ctx, rec); err != nil {
-			return err
-		}
+		err := t.readReplies(ctx, rec)
 		if ctx.Err() == nil {
-			t.log.Warn("the reply consumer stopped delivering (deleted or re-created?); looking it up again",
-				slog.String("consumer", natsbus.SenderConsumer), slog.String("stream", natsbus.ReplyStream))
+			if err != nil {
+				t.warn("read replies; starting the reader again", err)
+			} else {
+				t.log.Warn("the reply consumer stopped delivering (deleted or re-created?); looking it up again",
+					slog.String("consumer", natsbus.SenderConsumer), slog.String("stream", natsbus.ReplyStream))
+			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
