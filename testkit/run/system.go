@@ -302,6 +302,12 @@ func (s *system) printBlock(w io.Writer) {
 	case s.cluster != nil:
 		database += " (kept in " + c.dataDir + ")"
 	}
+	// The lab's faults act on the HTTP hop; with the broker the sender
+	// never crosses it, and the block says where the commands go instead.
+	proxy := "(the sender reaches Users through it)"
+	if s.nats != nil {
+		proxy = "(idle: the sender reaches Users through NATS at " + s.nats.URL + ")"
+	}
 	fmt.Fprintf(w, `
 outboxref is running (SENDER_SOURCE=%s, SENDER_TRANSPORT=%s). Ctrl-C stops everything.
 
@@ -309,7 +315,7 @@ outboxref is running (SENDER_SOURCE=%s, SENDER_TRANSPORT=%s). Ctrl-C stops every
   Users' API        %s   (a bearer token per caller)
   sender's admin    %s   (/outbox with the operator's token, /metrics)
   fault lab's page  %s   (open it in a browser)
-  fault lab's proxy %s   (the sender reaches Users through it)
+  fault lab's proxy %s   %s
   Student's admin   %s/metrics
   Users' admin      %s/metrics
   %s
@@ -321,7 +327,7 @@ For the curl session in the README, and the runbook:
   UDB=%s
 Create a student:
   curl -si --oauth2-bearer $T --json '{"name":"Ada Lovelace","email":"ada@example.com","document_number":"123.456-7"}' $S/students
-`, c.source, c.transport, c.url(portStudent), c.url(portUsers), c.url(portSenderAdmin), c.url(portLabPage), c.url(portLabProxy),
+`, c.source, c.transport, c.url(portStudent), c.url(portUsers), c.url(portSenderAdmin), c.url(portLabPage), c.url(portLabProxy), proxy,
 		c.url(portStudentAdmin), c.url(portUsersAdmin), database, s.token, filepath.Join(s.work, "logs"),
 		c.port(portStudent), c.port(portUsers), c.port(portSenderAdmin), s.token, s.printableURL("users"))
 }
