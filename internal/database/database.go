@@ -151,6 +151,27 @@ func Where(dbURL string) string {
 // unbounded. The binaries always configure their own.
 const DefaultTimeout = 10 * time.Second
 
+// DeleteInBatches runs a delete of at most batch rows, each run within its
+// own deadline of timeout, until one deletes fewer than batch rows, and
+// returns how many rows went. Retention purges use it: short statements,
+// so that a purge never holds locks or a snapshot for long. what names the
+// work in the error.
+func DeleteInBatches(ctx context.Context, timeout time.Duration, batch int32, what string, del func(context.Context) (int64, error)) (int64, error) {
+	var total int64
+	for {
+		bctx, cancel := WithDeadline(ctx, timeout)
+		n, err := del(bctx)
+		cancel()
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("%s: %w", what, Classify(err))
+		}
+		if n < int64(batch) {
+			return total, nil
+		}
+	}
+}
+
 // WithDeadline bounds ctx by d, or by DefaultTimeout when d is not
 // positive. Every transaction and read of the binaries runs under one.
 func WithDeadline(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {

@@ -235,3 +235,28 @@ func TestWhere(t *testing.T) {
 	require.NotContains(t, Where("postgres://u:s3cret@h:1/d"), "s3cret")
 	require.Equal(t, "(unparsable)", Where("postgres://h:notaport/d"))
 }
+
+// TestDeleteInBatches: the delete runs until one run deletes fewer than a
+// batch, each run under a deadline of its own, and a failure stops it
+// with what was deleted so far, classified and named.
+func TestDeleteInBatches(t *testing.T) {
+	t.Parallel()
+	runs := []int64{3, 3, 1}
+	var calls int
+	total, err := DeleteInBatches(context.Background(), time.Second, 3, "purge things", func(ctx context.Context) (int64, error) {
+		_, ok := ctx.Deadline()
+		require.True(t, ok, "each run is bounded")
+		calls++
+		return runs[calls-1], nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(7), total)
+	require.Equal(t, 3, calls)
+
+	total, err = DeleteInBatches(context.Background(), time.Second, 3, "purge things", func(context.Context) (int64, error) {
+		return 0, &pgconn.PgError{Code: "57P01"}
+	})
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorContains(t, err, "purge things: ")
+	require.Zero(t, total)
+}

@@ -320,24 +320,9 @@ func (ib *Inbox) replay(ctx context.Context, tx *database.Tx, key Key, req Reque
 // Purge deletes inbox rows older than retention, batch rows per statement,
 // and returns how many it deleted.
 func (ib *Inbox) Purge(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
-	var total int64
-	for {
-		n, err := ib.purgeBatch(ctx, retention, batch)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("purge inbox: %w", database.Classify(err))
-		}
-		if n < int64(batch) {
-			return total, nil
-		}
-	}
-}
-
-// purgeBatch deletes one batch, bounded by Timeout like any transaction.
-func (ib *Inbox) purgeBatch(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
-	ctx, cancel := database.WithDeadline(ctx, ib.Timeout)
-	defer cancel()
-	return ib.q.PurgeOlderThan(ctx, ib.pool, inboxdb.PurgeOlderThanParams{Retention: retention, BatchSize: batch})
+	return database.DeleteInBatches(ctx, ib.Timeout, batch, "purge inbox", func(ctx context.Context) (int64, error) {
+		return ib.q.PurgeOlderThan(ctx, ib.pool, inboxdb.PurgeOlderThanParams{Retention: retention, BatchSize: batch})
+	})
 }
 
 // PurgeLoop purges rows older than retention every interval until ctx ends.

@@ -176,7 +176,7 @@ func addEvent(ev *outboxdb.RecordEventsParams, row outboxdb.LockRowForReplyRow, 
 // PurgeReplies forgets replies received more than retention ago, batch
 // at a time, and returns how many it forgot.
 func (s *Store) PurgeReplies(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
-	return s.purge(ctx, batch, "purge replies", func(ctx context.Context) (int64, error) {
+	return database.DeleteInBatches(ctx, s.timeout, batch, "purge replies", func(ctx context.Context) (int64, error) {
 		return s.q.PurgeReplies(ctx, s.pool, outboxdb.PurgeRepliesParams{Retention: retention, BatchSize: batch})
 	})
 }

@@ -48,27 +48,9 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 // per statement, and returns how many it deleted. Dead rows are never
 // purged.
 func (s *Store) PurgeDelivered(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
-	return s.purge(ctx, batch, "purge delivered rows", func(ctx context.Context) (int64, error) {
+	return database.DeleteInBatches(ctx, s.timeout, batch, "purge delivered rows", func(ctx context.Context) (int64, error) {
 		return s.q.PurgeDelivered(ctx, s.pool, outboxdb.PurgeDeliveredParams{Retention: retention, BatchSize: batch})
 	})
-}
-
-// purge runs one purge statement until it deletes fewer than batch rows,
-// each within its own deadline, and returns how many rows went.
-func (s *Store) purge(ctx context.Context, batch int32, what string, statement func(context.Context) (int64, error)) (int64, error) {
-	var total int64
-	for {
-		bctx, cancel := database.WithDeadline(ctx, s.timeout)
-		n, err := statement(bctx)
-		cancel()
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("%s: %w", what, database.Classify(err))
-		}
-		if n < int64(batch) {
-			return total, nil
-		}
-	}
 }
 
 // Database is the name of the database the store is on.

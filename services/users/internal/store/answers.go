@@ -194,23 +194,9 @@ func (s *Store) UnpublishedAnswers(ctx context.Context) (int64, error) {
 // per statement, and returns how many it deleted. Unpublished answers stay
 // however old they are: their command is still unanswered.
 func (s *Store) PurgeAnswers(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
-	var total int64
-	for {
-		n, err := s.purgeAnswers(ctx, retention, batch)
-		total += n
-		if err != nil {
-			return total, database.Classify(fmt.Errorf("purge answers: %w", err))
-		}
-		if n < int64(batch) {
-			return total, nil
-		}
-	}
-}
-
-func (s *Store) purgeAnswers(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
-	ctx, cancel := database.WithDeadline(ctx, s.timeout)
-	defer cancel()
-	return s.q.PurgePublishedAnswers(ctx, s.pool, usersdb.PurgePublishedAnswersParams{Retention: retention, BatchSize: batch})
+	return database.DeleteInBatches(ctx, s.timeout, batch, "purge answers", func(ctx context.Context) (int64, error) {
+		return s.q.PurgePublishedAnswers(ctx, s.pool, usersdb.PurgePublishedAnswersParams{Retention: retention, BatchSize: batch})
+	})
 }
 
 // ParkedCommand is a command Users could not read, kept for an operator.
