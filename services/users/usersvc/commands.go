@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outboxref/outboxref/internal/alarm"
 	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/inbox"
@@ -381,19 +382,10 @@ func (c *commands) expired(log *slog.Logger, msg jetstream.Msg, cmd command) {
 // pacedWarn logs a failure that repeats (the broker unreachable) at most
 // once per every, with how many were left unlogged in between.
 func pacedWarn(log *slog.Logger, every time.Duration) func(msg string, err error) {
-	var (
-		mu      sync.Mutex
-		last    time.Time
-		skipped int
-	)
+	var a alarm.Alarm
 	return func(msg string, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if !last.IsZero() && time.Since(last) < every {
-			skipped++
-			return
+		if events, ok := a.Ring(time.Now(), every); ok {
+			log.Warn(msg, slog.String("error", err.Error()), slog.Int("unlogged_since_last", events-1))
 		}
-		log.Warn(msg, slog.String("error", err.Error()), slog.Int("unlogged_since_last", skipped))
-		last, skipped = time.Now(), 0
 	}
 }
