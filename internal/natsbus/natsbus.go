@@ -104,7 +104,12 @@ func PermissionsOf(user string) (Permissions, bool) {
 	var p Permissions
 	switch user {
 	case SenderUser:
-		p.Publish = append(consumerCalls(ReplyStream, SenderConsumer), CreateUserSubject)
+		p.Publish = append(consumerCalls(ReplyStream, SenderConsumer), CreateUserSubject,
+			// How far Users has read the commands (its consumer's ack
+			// floor, the stream's newest sequence): a row is published
+			// again only past it. A look, not a read: the sender cannot
+			// fetch or ack Users' messages.
+			"$JS.API.CONSUMER.INFO."+CommandStream+"."+UsersConsumer, "$JS.API.STREAM.INFO."+CommandStream)
 	case UsersUser:
 		p.Publish = append(consumerCalls(CommandStream, UsersConsumer), CreateUserReplySubject)
 	default:
@@ -178,13 +183,21 @@ type Streams struct {
 	Replicas int
 	// Duplicates is JetStream's de-duplication window.
 	Duplicates time.Duration
-	// MaxAge is how long a message stays in its stream, read or not.
+	// MaxAge is how long an unread command stays in the command stream.
+	// Users ignores a command read after its row's expiry anyway; an
+	// answer, on the other hand, waits in the reply stream until the
+	// sender has read it, however long that takes.
 	MaxAge time.Duration
+	// MaxBytes bounds each stream's storage. A full stream refuses new
+	// messages and keeps what it holds (discard new): a refused command
+	// waits in Student's outbox (reason class broker-full), a refused
+	// answer in Users' outbox, until readers make room.
+	MaxBytes int64
 }
 
 // DefaultStreams are the streams' settings unless the provisioner says
 // otherwise.
-var DefaultStreams = Streams{Replicas: 1, Duplicates: 2 * time.Minute, MaxAge: 7 * 24 * time.Hour}
+var DefaultStreams = Streams{Replicas: 1, Duplicates: 2 * time.Minute, MaxAge: 7 * 24 * time.Hour, MaxBytes: 1 << 30}
 
 // AckWait is how long the server waits for a consumer's ack before it
 // delivers the message again: longer than any one command takes
@@ -196,16 +209,22 @@ const AckWait = 30 * time.Second
 // once per deployment and again after any change here.
 func Provision(ctx context.Context, js jetstream.JetStream, s Streams) error {
 	for _, st := range []jetstream.StreamConfig{
-		{Name: CommandStream, Subjects: []string{"users.commands.>"}},
+		{Name: CommandStream, Subjects: []string{"users.commands.>"}, MaxAge: s.MaxAge},
 		{Name: ReplyStream, Subjects: []string{"users.replies.>"}},
 	} {
-		// Limits, not work-queue, retention: another consumer (an audit,
-		// a second service) can read the same commands and answers.
-		st.Retention = jetstream.LimitsPolicy
+		// Interest retention: a message stays until every durable
+		// consumer of its stream has acknowledged it, and then goes. So a
+		// stream holds what is unread (a backlog, not a week of traffic),
+		// and its byte limit is a bound on the backlog. Another reader (an
+		// audit, a second service) is another durable consumer, and gets
+		// every message from its creation on. A stream with no consumer
+		// keeps nothing: provision them together, as below.
+		st.Retention = jetstream.InterestPolicy
+		st.Discard = jetstream.DiscardNew
+		st.MaxBytes = s.MaxBytes
 		st.Storage = jetstream.FileStorage
 		st.Replicas = s.Replicas
 		st.Duplicates = s.Duplicates
-		st.MaxAge = s.MaxAge
 		if _, err := js.CreateOrUpdateStream(ctx, st); err != nil {
 			return fmt.Errorf("provision stream %s: %w", st.Name, err)
 		}

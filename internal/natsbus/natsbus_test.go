@@ -2,6 +2,7 @@ package natsbus_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -36,6 +37,32 @@ func TestPermissions(t *testing.T) {
 			return err
 		}
 	}
+	// fetch asks a consumer for a message (what reading it takes beyond
+	// looking at it).
+	fetch := func(stream, consumer string) func(ctx context.Context, js jetstream.JetStream) error {
+		return func(ctx context.Context, js jetstream.JetStream) error {
+			cons, err := js.Consumer(ctx, stream, consumer)
+			if err != nil {
+				return err
+			}
+			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(500*time.Millisecond))
+			if err != nil {
+				return err
+			}
+			for range batch.Messages() {
+				return nil
+			}
+			if err := batch.Error(); err != nil {
+				return err
+			}
+			return errors.New("nothing fetched")
+		}
+	}
+	deleteConsumer := func(stream, consumer string) func(ctx context.Context, js jetstream.JetStream) error {
+		return func(ctx context.Context, js jetstream.JetStream) error {
+			return js.DeleteConsumer(ctx, stream, consumer)
+		}
+	}
 	provision := func(ctx context.Context, js jetstream.JetStream) error {
 		return natsbus.Provision(ctx, js, natsbus.DefaultStreams)
 	}
@@ -44,11 +71,21 @@ func TestPermissions(t *testing.T) {
 		allowed, denied []check
 	}{
 		{
-			user:    natsbus.SenderUser,
-			allowed: []check{{"publish a command", publish(natsbus.CreateUserSubject)}, {"read its reply consumer", read(natsbus.ReplyStream, natsbus.SenderConsumer)}},
+			user: natsbus.SenderUser,
+			allowed: []check{
+				{"publish a command", publish(natsbus.CreateUserSubject)},
+				{"read its reply consumer", read(natsbus.ReplyStream, natsbus.SenderConsumer)},
+				// How far Users has read: a row is published again only past it.
+				{"look at Users' command consumer", read(natsbus.CommandStream, natsbus.UsersConsumer)},
+				{"look at the command stream", func(ctx context.Context, js jetstream.JetStream) error {
+					_, err := js.Stream(ctx, natsbus.CommandStream)
+					return err
+				}},
+			},
 			denied: []check{
 				{"publish a reply", publish(natsbus.CreateUserReplySubject)},
-				{"read Users' command consumer", read(natsbus.CommandStream, natsbus.UsersConsumer)},
+				{"fetch from Users' command consumer", fetch(natsbus.CommandStream, natsbus.UsersConsumer)},
+				{"delete Users' command consumer", deleteConsumer(natsbus.CommandStream, natsbus.UsersConsumer)},
 				{"provision streams", provision},
 			},
 		},

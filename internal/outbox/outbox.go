@@ -53,6 +53,10 @@ const (
 	// The broker did not acknowledge a publish (SENDER_TRANSPORT=nats):
 	// unreachable, or no stream took the command.
 	ReasonBrokerUnreachable = "broker-unreachable"
+	// The broker refused the command because its stream is full (the
+	// byte limit provision-broker set, SENDER_NATS_STREAM_MAX_BYTES): Users
+	// has not read what it holds. The row waits in the outbox.
+	ReasonBrokerFull = "broker-full"
 
 	// Permanent: the row is dead-lettered.
 	ReasonRefused           = "refused"            // 409: Users' business rule said no (document number taken)
@@ -67,7 +71,7 @@ const (
 // ReasonClasses lists every class.
 var ReasonClasses = []string{
 	ReasonUsersUnreachable, ReasonUsersUnavailable, ReasonKeyInProgress, ReasonUnexpectedAnswer, ReasonUsersAuthRefused,
-	ReasonBrokerUnreachable,
+	ReasonBrokerUnreachable, ReasonBrokerFull,
 	ReasonRefused, ReasonInvalid, ReasonKeyReused, ReasonExpired, ReasonAttemptsExhausted,
 	ReasonConflict, ReasonSenderError,
 }
@@ -76,7 +80,7 @@ var ReasonClasses = []string{
 // transient ones, and an unexpected answer that might not recur.
 var RetryClasses = []string{
 	ReasonUsersUnreachable, ReasonUsersUnavailable, ReasonKeyInProgress, ReasonUnexpectedAnswer, ReasonUsersAuthRefused,
-	ReasonBrokerUnreachable,
+	ReasonBrokerUnreachable, ReasonBrokerFull,
 }
 
 // DeadClasses are the classes a dead row may carry. A transient failure
@@ -108,6 +112,11 @@ const (
 	// OutcomePublished: the broker took the command (SENDER_TRANSPORT=nats);
 	// the row waits for Users' answer on the reply stream.
 	OutcomePublished = "published"
+	// OutcomeUnread: not published again, because the broker still holds
+	// the row's last command and Users has not read it; the row waits
+	// again, and the claim does not count as an attempt. Not in a row's
+	// history: nothing was sent.
+	OutcomeUnread = "unread"
 )
 
 // The ways an operator redrives a dead row, as a redrive's history entry

@@ -59,7 +59,7 @@ func TestRedriveModes(t *testing.T) {
 	pool := pgtest.Pool(t, migrations.Student)
 	addStudents(t, pool, 2)
 	_, err := pool.Exec(context.Background(),
-		"UPDATE outbox SET state = 'dead', dead_at = now(), attempts = 3, reason_class = 'refused', last_error = 'Users answered 409'")
+		"UPDATE outbox SET state = 'dead', dead_at = now(), attempts = 3, reason_class = 'refused', last_error = 'Users answered 409', published_at = now(), published_seq = 7")
 	require.NoError(t, err)
 	var ids []int64
 	rows, err := pool.Query(context.Background(), "SELECT id FROM outbox ORDER BY id")
@@ -104,6 +104,9 @@ func TestRedriveModes(t *testing.T) {
 	require.Equal(t, before, after)
 	require.Empty(t, previous)
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE id = $1 AND state = 'pending' AND attempts = 0 AND redrives = 1 AND last_error IS NULL AND available_at <= now()", ids[0]))
+	// With the broker transport, the next publish is not held back until
+	// Users has read the command of a publish before the redrive.
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE id = $1 AND published_seq IS NULL AND published_at IS NULL", ids[0]))
 
 	// A repeat changes nothing more, and says so, in whichever mode.
 	res = redrive(ids[0], `{"mode":"new-operation"}`)

@@ -72,6 +72,14 @@ func (e *Engine) deliver(ctx context.Context, row store.Row) (store.Result, int)
 		// backoff does: a Users down for an hour is not sent the same
 		// command every few seconds.
 		return store.Result{Row: row, Outcome: published, Seq: a.Seq, Delay: max(e.backoff(row.Attempts), a.RetryAfter)}, a.Status
+	case Unread:
+		// Users is not reading (down, or far behind). Its answer comes
+		// whenever it reads the command, whatever the row does meanwhile;
+		// the row only needs to look again now and then, in case the
+		// command is read and its answer lost. The wait doubles with the
+		// time the command has waited unread, up to SENDER_BACKOFF_MAX.
+		wait := max(min(row.PublishedAgo, e.cfg.BackoffMax), e.backoff(row.Attempts), a.RetryAfter)
+		return store.Result{Row: row, Outcome: unread, Delay: wait}, 0
 	}
 	// The other side cannot push a row past the sender's own limits.
 	return e.retryOrDie(row, a.Class, a.Error, min(max(a.RetryAfter, 0), e.cfg.BackoffMax)), a.Status

@@ -60,7 +60,7 @@ func newMetrics() *metrics {
 		}),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_sender_results_total",
-			Help: "Delivery results this sender recorded, by verdict (delivered, retry, dead, released, published) and reason class (\"none\" when there is none). " +
+			Help: "Delivery results this sender recorded, by verdict (delivered, retry, dead, released, published, unread) and reason class (\"none\" when there is none). " +
 				"verdict=~\"delivered|dead\" is the settled (published) side of the outbox.",
 		}, []string{"verdict", "reason_class"}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -105,6 +105,7 @@ func newMetrics() *metrics {
 	m.results.WithLabelValues(delivered, reasonLabel(""))
 	m.results.WithLabelValues(released, reasonLabel(""))
 	m.results.WithLabelValues(published, reasonLabel(""))
+	m.results.WithLabelValues(unread, reasonLabel(""))
 	for _, class := range outbox.RetryClasses {
 		m.results.WithLabelValues(retry, class)
 	}

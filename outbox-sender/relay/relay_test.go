@@ -165,12 +165,13 @@ func TestSettledSeriesStartAtZero(t *testing.T) {
 	m := newMetrics()
 	// Counted first, before any lookup below could create a series: the
 	// series that can move, and only those.
-	require.Equal(t, 3+len(outbox.RetryClasses)+len(outbox.DeadClasses), testutil.CollectAndCount(m.results))
+	require.Equal(t, 4+len(outbox.RetryClasses)+len(outbox.DeadClasses), testutil.CollectAndCount(m.results))
 	require.Equal(t, len(store.ReplyOutcomes), testutil.CollectAndCount(m.replies))
 	require.Equal(t, len(outbox.DeadClasses), testutil.CollectAndCount(m.dead))
 	require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues(delivered, "none")))
 	require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues(released, "none")))
 	require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues(published, "none")))
+	require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues(unread, "none")))
 	for _, class := range outbox.RetryClasses {
 		require.Zero(t, testutil.ToFloat64(m.results.WithLabelValues(retry, class)), class)
 	}

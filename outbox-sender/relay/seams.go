@@ -112,6 +112,11 @@ const (
 	// RetryAfter is how long the row waits for it before it is published
 	// again.
 	Published
+	// Unread: the broker still holds the command published for the row
+	// before, and Users has not read it yet; nothing was published. The
+	// row waits for the answer again, at least RetryAfter, and the claim
+	// does not count as an attempt.
+	Unread
 )
 
 // The outcomes the engine records, shorter to read in its code.
@@ -121,4 +126,5 @@ const (
 	dead      = outbox.OutcomeDead
 	released  = outbox.OutcomeReleased
 	published = outbox.OutcomePublished
+	unread    = outbox.OutcomeUnread
 )

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,10 +114,35 @@ func (b *brokerUsers) deliveries(key string) int {
 	return b.seen[key]
 }
 
+// sawEach says whether every one of keys came at least n times.
+func (b *brokerUsers) sawEach(keys []string, n int) bool {
+	for _, k := range keys {
+		if b.deliveries(k) < n {
+			return false
+		}
+	}
+	return true
+}
+
 func (b *brokerUsers) userFor(key string) uuid.UUID {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.users[key]
+}
+
+// brokerWith starts a broker whose streams are provisioned with the
+// defaults as change leaves them, and returns it with an admin's
+// connection to it.
+func brokerWith(t *testing.T, change func(*natsbus.Streams)) (*natsserver.Server, jetstream.JetStream) {
+	t.Helper()
+	srv := natsserver.ForTest(t)
+	_, js := srv.Admin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	streams := natsbus.DefaultStreams
+	change(&streams)
+	require.NoError(t, natsbus.Provision(ctx, js, streams))
+	return srv, js
 }
 
 func keysOf(t *testing.T, pool *pgxpool.Pool) []string {
@@ -305,4 +333,131 @@ func TestBrokerReplyReaderOutlivesReprovisioning(t *testing.T) {
 	deliveredWithin(t, pool, 1, 15*time.Second, "the answer read through the re-created consumer")
 	require.NotEmpty(t, logLines(t, logs.String(), "the reply consumer stopped delivering (deleted or re-created?); looking it up again"),
 		"the reader noticed its consumer went away")
+}
+
+// A row is published again only once Users has read the command it was
+// published with. While nobody reads the command stream (Users down), the
+// row waits, its claims not counted as attempts, and the stream keeps one
+// command per row even past JetStream's de-duplication window. Once Users
+// has read the command and the answer still does not come (lost), the row
+// is published again.
+func TestBrokerHoldsBackAnUnreadCommand(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	// A window shorter than the answer wait: without the hold, every
+	// publish again would be stored.
+	srv, js := brokerWith(t, func(s *natsbus.Streams) { s.Duplicates = 100 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// stored is how many commands the stream has taken so far (read ones
+	// leave it).
+	stored := func() uint64 {
+		s, err := js.Stream(ctx, natsbus.CommandStream)
+		require.NoError(t, err)
+		return s.CachedInfo().State.LastSeq
+	}
+
+	addStudents(t, pool, 3)
+	cfg := natsConfig(srv)
+	cfg.BackoffMin, cfg.BackoffMax = 50*time.Millisecond, 400*time.Millisecond
+	r := run(t, pool, cfg)
+	eventually(t, "the rows held back unread a few times", func() bool {
+		return r.metric(t, "outbox_sender_results_total", "verdict", outbox.OutcomeUnread) >= 9
+	})
+	require.Equal(t, uint64(3), stored(), "one command per row in the stream")
+	require.Equal(t, 3, count(t, pool, "SELECT count(*) FROM outbox WHERE state IN ('published', 'pending') AND attempts = 1"),
+		"a row held back unread used no attempt")
+	require.Equal(t, 0, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'unread'"), "nothing sent, nothing in the history")
+
+	// Users reads every command and its answers are lost: the rows are
+	// published again, each under its own key.
+	users := newBrokerUsers(t, srv, func(string, int) (int, any) { return 0, nil })
+	keys := keysOf(t, pool)
+	eventually(t, "every row published again once read", func() bool { return users.sawEach(keys, 2) })
+	require.Greater(t, stored(), uint64(3))
+
+	for _, k := range keys {
+		users.reply(k, uuid.New(), http.StatusCreated, map[string]any{"userId": users.userFor(k)})
+	}
+	deliveredWithin(t, pool, 3, 15*time.Second, "the answers link the students")
+}
+
+// A command stream at its byte limit refuses new commands: the rows wait
+// in the outbox as broker-full, and go once Users has read enough to
+// make room (read commands leave the stream).
+func TestBrokerFullKeepsRowsInTheOutbox(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	srv, js := brokerWith(t, func(s *natsbus.Streams) { s.MaxBytes = 2048 }) // room for a few commands
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	addStudents(t, pool, 20)
+	cfg := natsConfig(srv)
+	cfg.BackoffMin, cfg.BackoffMax = 50*time.Millisecond, 200*time.Millisecond
+	r := run(t, pool, cfg)
+	eventually(t, "rows refused as broker-full", func() bool {
+		return count(t, pool, fmt.Sprintf("SELECT count(*) FROM outbox WHERE state = 'pending' AND reason_class = '%s'", outbox.ReasonBrokerFull)) > 0
+	})
+	require.Positive(t, r.metric(t, "outbox_sender_results_total", "verdict", outbox.OutcomeRetry, "reason_class", outbox.ReasonBrokerFull))
+	s, err := js.Stream(ctx, natsbus.CommandStream)
+	require.NoError(t, err)
+	require.Less(t, s.CachedInfo().State.Msgs, uint64(20), "the stream holds what fits")
+
+	// Users reads (the answers are left out: the reply stream has the
+	// same small limit). Read commands leave the stream, and make room.
+	users := newBrokerUsers(t, srv, func(string, int) (int, any) { return 0, nil })
+	keys := keysOf(t, pool)
+	eventually(t, "every row's command published once Users reads", func() bool { return users.sawEach(keys, 1) })
+}
+
+// A reply the sender cannot read is read a few times, then set aside: it
+// stays in the reply stream, unacknowledged (an acknowledged one would
+// leave it), counted, and the rest go on.
+func TestBrokerSetsAsideAnUnreadableReply(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	srv := natsserver.ForTest(t)
+	users := newBrokerUsers(t, srv, nil)
+	addStudents(t, pool, 1)
+	r := run(t, pool, natsConfig(srv))
+
+	msg := nats.NewMsg(natsbus.CreateUserReplySubject)
+	msg.Data = []byte(`{"not":"a reply"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := users.js.PublishMsg(ctx, msg, jetstream.WithMsgID(uuid.NewString()))
+	require.NoError(t, err)
+	deliveredWithin(t, pool, 1, 15*time.Second, "the other replies are read")
+	eventually(t, "the unreadable reply set aside", func() bool {
+		return r.metric(t, "outbox_sender_replies_undecodable_total") == 1
+	})
+	_, js := srv.Admin(t)
+	s, err := js.Stream(ctx, natsbus.ReplyStream)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), s.CachedInfo().State.Msgs, "only the unreadable reply is left, kept")
+}
+
+// Every metric docs/observability.md lists for the broker transport is
+// served by a sender with SENDER_TRANSPORT=nats from its start.
+func TestBrokerMetricsAreDocumented(t *testing.T) {
+	t.Parallel()
+	page, err := os.ReadFile("../../docs/observability.md")
+	require.NoError(t, err)
+	_, section, ok := strings.Cut(string(page), "\n## The broker transport's metrics\n")
+	require.True(t, ok, "docs/observability.md has no section on the broker transport's metrics")
+	section, _, _ = strings.Cut(section, "\n## ")
+	documented := regexp.MustCompile("(?m)^\\| `([a-z_]+)").FindAllStringSubmatch(section, -1)
+	require.NotEmpty(t, documented)
+
+	pool := pgtest.Pool(t, migrations.Student)
+	srv := natsserver.ForTest(t)
+	r := run(t, pool, natsConfig(srv))
+	served := map[string]bool{}
+	for _, f := range r.gather(t) {
+		served[f.GetName()] = true
+	}
+	for _, m := range documented {
+		require.True(t, served[m[1]], "%s is documented but not served", m[1])
+	}
 }

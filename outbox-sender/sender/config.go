@@ -8,6 +8,7 @@ import (
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/envconfig"
+	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 )
 
@@ -97,6 +98,9 @@ type Config struct {
 	// NATSReplicas is how many servers "provision-broker" keeps each
 	// stream and consumer on.
 	NATSReplicas int // SENDER_NATS_REPLICAS
+	// NATSStreamMaxBytes is the byte limit "provision-broker" gives each
+	// stream: the most unread commands (or answers) the broker holds.
+	NATSStreamMaxBytes int // SENDER_NATS_STREAM_MAX_BYTES
 }
 
 // Transports to Users (SENDER_TRANSPORT).
@@ -190,6 +194,9 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		NATSAnswerWait: e.Duration("SENDER_NATS_ANSWER_WAIT", 30*time.Second, 100*time.Millisecond, 24*time.Hour),
 		NATSAdminUser:  e.String("SENDER_NATS_ADMIN_USER", "admin"),
 		NATSReplicas:   e.Int("SENDER_NATS_REPLICAS", 1, 1, 5),
+		// About two million commands unread: hours of a Users outage at
+		// hundreds a second.
+		NATSStreamMaxBytes: e.Int("SENDER_NATS_STREAM_MAX_BYTES", int(natsbus.DefaultStreams.MaxBytes), 1<<20, 1<<40),
 	}
 	c.CDCDatabaseURL, _ = e.DatabaseLogin("SENDER_CDC_DATABASE_URL",
 		"postgres://"+migrations.OutboxCDC+"@localhost:5432/student?sslmode=disable", "SENDER_CDC_DATABASE_PASSWORD")

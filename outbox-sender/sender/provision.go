@@ -34,11 +34,12 @@ func provisionBroker(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 	streams := natsbus.DefaultStreams
 	streams.Replicas = cfg.NATSReplicas
+	streams.MaxBytes = int64(cfg.NATSStreamMaxBytes)
 	for {
 		err := natsbus.Provision(ctx, js, streams)
 		if err == nil {
-			fmt.Fprintf(stdout, "provisioned streams %s and %s (%d replicas) with consumers %s and %s at %s\n",
-				natsbus.CommandStream, natsbus.ReplyStream, streams.Replicas, natsbus.UsersConsumer, natsbus.SenderConsumer, natsbus.Redacted(cfg.NATSURL))
+			fmt.Fprintf(stdout, "provisioned streams %s and %s (%d replicas, %d bytes each at most) with consumers %s and %s at %s\n",
+				natsbus.CommandStream, natsbus.ReplyStream, streams.Replicas, streams.MaxBytes, natsbus.UsersConsumer, natsbus.SenderConsumer, natsbus.Redacted(cfg.NATSURL))
 			return nil
 		}
 		select {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,11 +50,17 @@ type Config struct {
 }
 
 // MaxReplyDeliveries is how often the sender reads a reply it cannot
-// decode before it gives up on it: a reply from a newer Users may be one
-// a newer sender, rolling out beside this one, can read. Given up, the
-// reply stays in the stream (terminated, never delivered again), its
-// sequence in the error log line.
+// decode, a second apart, before it sets it aside: a reply from a newer
+// Users may be one a newer sender, rolling out beside this one, can read.
+// Set aside, the reply stays unacknowledged in the stream (an
+// acknowledged one would leave it) and comes back every UnreadableWait,
+// counted and logged each time, until a sender reads it or an operator
+// removes it by its sequence.
 const MaxReplyDeliveries = 5
+
+// UnreadableWait is how long a reply set aside waits before it is read
+// again.
+const UnreadableWait = time.Hour
 
 // Recorder records a reply: relay.Engine.
 type Recorder interface {
@@ -75,6 +82,14 @@ type Transport struct {
 	duplicates prometheus.Counter
 	// undecodable counts replies given up on.
 	undecodable prometheus.Counter
+
+	// floor caches how far Users has read the command stream.
+	floor struct {
+		sync.Mutex
+		read
+		err error
+		at  time.Time
+	}
 }
 
 // New connects to the broker. The connection is made in the background
@@ -103,7 +118,7 @@ func New(log *slog.Logger, cfg Config) (*Transport, error) {
 		}),
 		undecodable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_sender_replies_undecodable_total",
-			Help: "Replies the sender could not read after " + strconv.Itoa(MaxReplyDeliveries) + " deliveries and gave up on (left in the reply stream): alert on any increase.",
+			Help: "Replies the sender could not read after " + strconv.Itoa(MaxReplyDeliveries) + " deliveries and set aside (unacknowledged in the reply stream, read again hourly, counted each time): alert on any increase.",
 		}),
 	}, nil
 }
@@ -119,7 +134,25 @@ func (t *Transport) Close() { t.nc.Close() }
 // Deliver publishes one row's command and waits for the broker's
 // acknowledgement, within SENDER_REQUEST_TIMEOUT also when ctx ends (a
 // publish the broker took is better recorded now).
+//
+// A row published before is published again only once Users has read the
+// command it was published with (relay.Unread otherwise): its answer was
+// lost, or Users could not act on it. While Users is down, a command it
+// has not read will get its answer when Users is back; a second copy
+// would only wait behind it, and past JetStream's de-duplication window
+// the broker would store every copy.
 func (t *Transport) Deliver(ctx context.Context, row store.Row) relay.Answer {
+	if row.PublishedSeq > 0 {
+		r, err := t.readSoFar(ctx)
+		switch {
+		case err != nil:
+			// Better a copy too many than a row that never moves: Users'
+			// inbox answers a key once.
+			t.warn("look up how far Users has read the commands; publishing again regardless", err)
+		case r.unread(row.PublishedSeq):
+			return relay.Answer{Verdict: relay.Unread, RetryAfter: t.cfg.AnswerWait}
+		}
+	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.cfg.Timeout)
 	defer cancel()
 	key := row.IdempotencyKey.String()
@@ -135,13 +168,82 @@ func (t *Transport) Deliver(ctx context.Context, row store.Row) relay.Answer {
 	ack, err := t.js.PublishMsg(pctx, msg, jetstream.WithMsgID(key), jetstream.WithExpectStream(natsbus.CommandStream))
 	t.publish.Observe(time.Since(start).Seconds())
 	if err != nil {
-		return relay.Answer{Verdict: relay.Transient, Class: outbox.ReasonBrokerUnreachable,
+		class := outbox.ReasonBrokerUnreachable
+		if streamFull(err) {
+			class = outbox.ReasonBrokerFull
+		}
+		return relay.Answer{Verdict: relay.Transient, Class: class,
 			Error: fmt.Sprintf("publish to %s: %v", natsbus.CreateUserSubject, err)}
 	}
 	if ack.Duplicate {
 		t.duplicates.Inc()
 	}
 	return relay.Answer{Verdict: relay.Published, Seq: ack.Sequence, RetryAfter: t.cfg.AnswerWait}
+}
+
+// errStoreFailed is JetStream's error code for a message its stream
+// would not store; a full stream (discard new) says why in the
+// description.
+const errStoreFailed = 10077
+
+// streamFull says whether the broker refused a publish because the
+// stream is at its byte (or message) limit.
+func streamFull(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == errStoreFailed && strings.HasPrefix(api.Description, "maximum ")
+}
+
+// floorFresh is how long a look at the command stream is used for. An
+// older look holds a row back a little longer, never publishes one too
+// soon: the floor only moves forward (a consumer made anew starts again
+// from the stream's oldest command, unread).
+const floorFresh = time.Second
+
+// read is how far Users has read the command stream.
+type read struct {
+	// floor is the sequence up to which Users' durable consumer has
+	// acknowledged every command (its ack floor).
+	floor uint64
+	// last is the stream's newest sequence.
+	last uint64
+}
+
+// unread says whether the command at seq may not have been read yet: it
+// is past the floor, and the stream can still hold it. Commands Users
+// acknowledged out of order, past a slower one, count as unread until the
+// floor passes them. A sequence past the stream's newest is from a stream
+// since deleted and made anew: its command is gone, and is published
+// again.
+func (r read) unread(seq uint64) bool { return r.floor < seq && seq <= r.last }
+
+// readSoFar looks at the command stream and Users' consumer on it. One
+// look serves every row for floorFresh, a failed look too.
+func (t *Transport) readSoFar(ctx context.Context) (read, error) {
+	f := &t.floor
+	f.Lock()
+	defer f.Unlock()
+	if !f.at.IsZero() && time.Since(f.at) < floorFresh {
+		return f.read, f.err
+	}
+	f.at = time.Now()
+	f.read, f.err = t.lookUp(ctx)
+	return f.read, f.err
+}
+
+func (t *Transport) lookUp(ctx context.Context) (read, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	defer cancel()
+	// The consumer first: a command published between the two looks is
+	// then past the floor and within the stream, unread, as it is.
+	cons, err := t.js.Consumer(ctx, natsbus.CommandStream, natsbus.UsersConsumer)
+	if err != nil {
+		return read{}, fmt.Errorf("consumer %s on %s: %w", natsbus.UsersConsumer, natsbus.CommandStream, err)
+	}
+	stream, err := t.js.Stream(ctx, natsbus.CommandStream)
+	if err != nil {
+		return read{}, fmt.Errorf("stream %s: %w", natsbus.CommandStream, err)
+	}
+	return read{floor: cons.CachedInfo().AckFloor.Stream, last: stream.CachedInfo().State.LastSeq}, nil
 }
 
 // Replies reads Users' answers from the sender's durable consumer until
@@ -249,10 +351,10 @@ func (t *Transport) handle(ctx context.Context, rec Recorder, m jetstream.Msg) {
 			return
 		}
 		t.undecodable.Inc()
-		t.log.Error("gave up on a reply the sender cannot read; it stays in the reply stream",
+		t.log.Error("set aside a reply the sender cannot read; it is read again in an hour",
 			slog.String("stream", natsbus.ReplyStream), slog.Uint64("stream_seq", meta.Sequence.Stream),
 			slog.Uint64("deliveries", meta.NumDelivered), slog.String("error", err.Error()))
-		_ = m.Term()
+		_ = m.NakWithDelay(UnreadableWait)
 		return
 	}
 	// A refusal is a problem document, as Users' HTTP answer would be.

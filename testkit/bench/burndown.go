@@ -400,8 +400,12 @@ func (b *bench) claimAll(ctx context.Context, pool *pgxpool.Pool, jobs chan<- cl
 				trace     *string // the sender continues it; the bound has no traces
 				expired   bool
 				expiresAt time.Time // only the broker form sends it
+				// The broker form's last publish: never, for the bound.
+				publishedSeq int64
+				publishedAgo time.Duration
 			)
-			if err := rows.Scan(&c.id, &c.key, &operation, &c.studentID, &c.payload, &c.attempts, &lease, &createdAt, &trace, &expired, &expiresAt); err != nil {
+			if err := rows.Scan(&c.id, &c.key, &operation, &c.studentID, &c.payload, &c.attempts, &lease, &createdAt, &trace, &expired, &expiresAt,
+				&publishedSeq, &publishedAgo); err != nil {
 				rows.Close()
 				_ = results.Close()
 				cancel()

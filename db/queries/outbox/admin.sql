@@ -66,6 +66,8 @@ UPDATE outbox o
 SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redrive = o.attempts_before_redrive + d.attempts,
     age_from = now(),
     dead_at = NULL, lease_token = NULL, claimed_by = NULL, last_error = NULL, reason_class = NULL,
+    -- A fresh start: the next publish is not held back by an old one's.
+    published_at = NULL, published_seq = NULL,
     redrives = o.redrives + 1, redriven_at = now(),
     previous_keys = CASE WHEN @new_key::boolean THEN o.previous_keys || o.idempotency_key ELSE o.previous_keys END,
     idempotency_key = CASE WHEN @new_key::boolean THEN gen_random_uuid() ELSE o.idempotency_key END,

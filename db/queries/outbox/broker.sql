@@ -7,12 +7,19 @@
 -- its wait, never past its max age. Only the lease holder records it, and
 -- only on a row still pending: an answer applied meanwhile (a reply can
 -- overtake the recording of its own publish) wins.
+-- An unread row was not published again: the command the broker took
+-- before is still unread by Users, so the row keeps that publish (its
+-- time and sequence) and the claim does not count as an attempt.
 UPDATE outbox o
-SET state = 'published', published_at = now(), published_seq = d.seq,
+SET state = 'published',
+    published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
+    published_seq = CASE WHEN d.unread THEN o.published_seq ELSE d.seq END,
+    attempts = CASE WHEN d.unread THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
     available_at = LEAST(now() + d.wait, o.age_from + @max_age::interval),
     lease_token = NULL, last_error = NULL, reason_class = NULL
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
-             unnest(@seqs::bigint[]) AS seq, unnest(@waits::interval[]) AS wait) d
+             unnest(@seqs::bigint[]) AS seq, unnest(@waits::interval[]) AS wait,
+             unnest(@unread::boolean[]) AS unread) d
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
 RETURNING o.id;
 

@@ -28,7 +28,12 @@ WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           (o.age_from + @max_age::interval < now())::boolean AS expired,
-          (o.age_from + @max_age::interval)::timestamptz AS expires_at;
+          (o.age_from + @max_age::interval)::timestamptz AS expires_at,
+          -- The broker transport's last publish of the row, if any: where
+          -- its command sits in the stream, and how long ago the broker
+          -- took it (SENDER_TRANSPORT=nats).
+          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          (now() - COALESCE(o.published_at, now()))::interval AS published_ago;
 
 -- name: ClaimStreamed :many
 -- Claims the rows whose inserts the stream announced, as ClaimDue claims
@@ -54,7 +59,12 @@ WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           (o.age_from + @max_age::interval < now())::boolean AS expired,
-          (o.age_from + @max_age::interval)::timestamptz AS expires_at;
+          (o.age_from + @max_age::interval)::timestamptz AS expires_at,
+          -- The broker transport's last publish of the row, if any: where
+          -- its command sits in the stream, and how long ago the broker
+          -- took it (SENDER_TRANSPORT=nats).
+          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          (now() - COALESCE(o.published_at, now()))::interval AS published_ago;
 
 -- name: VisibleOutboxIDs :many
 -- Which of these rows this transaction can see at all. A row the stream

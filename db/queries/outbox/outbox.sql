@@ -30,7 +30,12 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           -- Judged by the database's clock, which wrote age_from (the
           -- row's creation, or its last redrive).
           (o.age_from + @max_age::interval < now())::boolean AS expired,
-          (o.age_from + @max_age::interval)::timestamptz AS expires_at;
+          (o.age_from + @max_age::interval)::timestamptz AS expires_at,
+          -- The broker transport's last publish of the row, if any: where
+          -- its command sits in the stream, and how long ago the broker
+          -- took it (SENDER_TRANSPORT=nats).
+          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          (now() - COALESCE(o.published_at, now()))::interval AS published_ago;
 
 -- name: LinkStudents :many
 -- Records each returned user id on its student unless the student is

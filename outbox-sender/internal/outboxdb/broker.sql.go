@@ -125,11 +125,15 @@ func (q *Queries) ReceiveReply(ctx context.Context, db DBTX, arg ReceiveReplyPar
 const recordPublished = `-- name: RecordPublished :many
 
 UPDATE outbox o
-SET state = 'published', published_at = now(), published_seq = d.seq,
+SET state = 'published',
+    published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
+    published_seq = CASE WHEN d.unread THEN o.published_seq ELSE d.seq END,
+    attempts = CASE WHEN d.unread THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
     available_at = LEAST(now() + d.wait, o.age_from + $1::interval),
     lease_token = NULL, last_error = NULL, reason_class = NULL
 FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::uuid[]) AS lease_token,
-             unnest($4::bigint[]) AS seq, unnest($5::interval[]) AS wait) d
+             unnest($4::bigint[]) AS seq, unnest($5::interval[]) AS wait,
+             unnest($6::boolean[]) AS unread) d
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
 RETURNING o.id
 `
@@ -140,6 +144,7 @@ type RecordPublishedParams struct {
 	LeaseTokens []uuid.UUID
 	Seqs        []int64
 	Waits       []time.Duration
+	Unread      []bool
 }
 
 // The broker transport's queries (SENDER_TRANSPORT=nats): a publish the
@@ -149,6 +154,9 @@ type RecordPublishedParams struct {
 // its wait, never past its max age. Only the lease holder records it, and
 // only on a row still pending: an answer applied meanwhile (a reply can
 // overtake the recording of its own publish) wins.
+// An unread row was not published again: the command the broker took
+// before is still unread by Users, so the row keeps that publish (its
+// time and sequence) and the claim does not count as an attempt.
 func (q *Queries) RecordPublished(ctx context.Context, db DBTX, arg RecordPublishedParams) ([]int64, error) {
 	rows, err := db.Query(ctx, recordPublished,
 		arg.MaxAge,
@@ -156,6 +164,7 @@ func (q *Queries) RecordPublished(ctx context.Context, db DBTX, arg RecordPublis
 		arg.LeaseTokens,
 		arg.Seqs,
 		arg.Waits,
+		arg.Unread,
 	)
 	if err != nil {
 		return nil, err

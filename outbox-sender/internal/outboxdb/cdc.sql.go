@@ -33,7 +33,12 @@ WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           (o.age_from + $5::interval < now())::boolean AS expired,
-          (o.age_from + $5::interval)::timestamptz AS expires_at
+          (o.age_from + $5::interval)::timestamptz AS expires_at,
+          -- The broker transport's last publish of the row, if any: where
+          -- its command sits in the stream, and how long ago the broker
+          -- took it (SENDER_TRANSPORT=nats).
+          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          (now() - COALESCE(o.published_at, now()))::interval AS published_ago
 `
 
 type ClaimDueLeavingNewParams struct {
@@ -56,6 +61,8 @@ type ClaimDueLeavingNewRow struct {
 	TraceParent    pgtype.Text
 	Expired        bool
 	ExpiresAt      time.Time
+	PublishedSeq   int64
+	PublishedAgo   time.Duration
 }
 
 // The change-data-capture source's queries (outbox-sender/cdc). Each claim
@@ -95,6 +102,8 @@ func (q *Queries) ClaimDueLeavingNew(ctx context.Context, db DBTX, arg ClaimDueL
 			&i.TraceParent,
 			&i.Expired,
 			&i.ExpiresAt,
+			&i.PublishedSeq,
+			&i.PublishedAgo,
 		); err != nil {
 			return nil, err
 		}
@@ -122,7 +131,12 @@ WHERE o.id = due.id
 RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attempts,
           o.lease_token::uuid AS lease_token, o.created_at, o.trace_parent,
           (o.age_from + $4::interval < now())::boolean AS expired,
-          (o.age_from + $4::interval)::timestamptz AS expires_at
+          (o.age_from + $4::interval)::timestamptz AS expires_at,
+          -- The broker transport's last publish of the row, if any: where
+          -- its command sits in the stream, and how long ago the broker
+          -- took it (SENDER_TRANSPORT=nats).
+          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          (now() - COALESCE(o.published_at, now()))::interval AS published_ago
 `
 
 type ClaimStreamedParams struct {
@@ -144,6 +158,8 @@ type ClaimStreamedRow struct {
 	TraceParent    pgtype.Text
 	Expired        bool
 	ExpiresAt      time.Time
+	PublishedSeq   int64
+	PublishedAgo   time.Duration
 }
 
 // Claims the rows whose inserts the stream announced, as ClaimDue claims
@@ -180,6 +196,8 @@ func (q *Queries) ClaimStreamed(ctx context.Context, db DBTX, arg ClaimStreamedP
 			&i.TraceParent,
 			&i.Expired,
 			&i.ExpiresAt,
+			&i.PublishedSeq,
+			&i.PublishedAgo,
 		); err != nil {
 			return nil, err
 		}

@@ -34,7 +34,12 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           -- Judged by the database's clock, which wrote age_from (the
           -- row's creation, or its last redrive).
           (o.age_from + $4::interval < now())::boolean AS expired,
-          (o.age_from + $4::interval)::timestamptz AS expires_at
+          (o.age_from + $4::interval)::timestamptz AS expires_at,
+          -- The broker transport's last publish of the row, if any: where
+          -- its command sits in the stream, and how long ago the broker
+          -- took it (SENDER_TRANSPORT=nats).
+          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          (now() - COALESCE(o.published_at, now()))::interval AS published_ago
 `
 
 type ClaimDueParams struct {
@@ -56,6 +61,8 @@ type ClaimDueRow struct {
 	TraceParent    pgtype.Text
 	Expired        bool
 	ExpiresAt      time.Time
+	PublishedSeq   int64
+	PublishedAgo   time.Duration
 }
 
 // The outbox sender's queries. They run against Student's database, the
@@ -95,6 +102,8 @@ func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]
 			&i.TraceParent,
 			&i.Expired,
 			&i.ExpiresAt,
+			&i.PublishedSeq,
+			&i.PublishedAgo,
 		); err != nil {
 			return nil, err
 		}

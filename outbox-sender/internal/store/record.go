@@ -17,12 +17,12 @@ import (
 // Result is what came of one claimed row, to be recorded.
 type Result struct {
 	Row     Row
-	Outcome string    // outbox.OutcomeDelivered, OutcomeRetry, OutcomeDead, OutcomeReleased or OutcomePublished
+	Outcome string    // outbox.OutcomeDelivered, OutcomeRetry, OutcomeDead, OutcomeReleased, OutcomePublished or OutcomeUnread
 	UserID  uuid.UUID // the user Users answered with (delivered)
 	Class   string    // why it failed (retry, dead): one of outbox.ReasonClasses
 	Error   string
 	// Delay is the wait until the next attempt (retry), or until the row
-	// is published again if no answer comes (published).
+	// is published again if no answer comes (published, unread).
 	Delay time.Duration
 	// Seq is the command's sequence in the broker's stream (published).
 	Seq uint64
@@ -158,6 +158,13 @@ func sortResults(batch []Result) *writes {
 			w.published.LeaseTokens = append(w.published.LeaseTokens, r.Row.LeaseToken)
 			w.published.Seqs = append(w.published.Seqs, int64(r.Seq)) //nolint:gosec // a stream's sequence stays far below 2^63
 			w.published.Waits = append(w.published.Waits, r.Delay)
+			w.published.Unread = append(w.published.Unread, false)
+		case outbox.OutcomeUnread:
+			w.published.Ids = append(w.published.Ids, r.Row.ID)
+			w.published.LeaseTokens = append(w.published.LeaseTokens, r.Row.LeaseToken)
+			w.published.Seqs = append(w.published.Seqs, 0) // the row keeps its last publish's
+			w.published.Waits = append(w.published.Waits, r.Delay)
+			w.published.Unread = append(w.published.Unread, true)
 		case outbox.OutcomeReleased:
 			w.releases.Ids = append(w.releases.Ids, r.Row.ID)
 			w.releases.LeaseTokens = append(w.releases.LeaseTokens, r.Row.LeaseToken)
@@ -218,7 +225,8 @@ func ConflictError(answered uuid.UUID) string {
 func (s *Store) recordHistory(ctx context.Context, history *database.Later, actor string, batch []Result, rec Recorded) {
 	ev := outboxdb.RecordEventsParams{Kind: "attempt", Actor: actor, Keep: HistoryKeep}
 	for _, r := range batch {
-		if r.Outcome == outbox.OutcomeReleased || (r.Outcome == outbox.OutcomeRetry || r.Outcome == outbox.OutcomeDead || r.Outcome == outbox.OutcomePublished) && !rec.Applied[r.Row.ID] {
+		// An unread row was not sent: nothing happened to tell.
+		if r.Outcome == outbox.OutcomeReleased || r.Outcome == outbox.OutcomeUnread || (r.Outcome == outbox.OutcomeRetry || r.Outcome == outbox.OutcomeDead || r.Outcome == outbox.OutcomePublished) && !rec.Applied[r.Row.ID] {
 			continue
 		}
 		outcome, class, why := r.Outcome, r.Class, r.Error

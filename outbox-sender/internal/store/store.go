@@ -54,6 +54,12 @@ type Row struct {
 	// creation or last redrive plus SENDER_MAX_AGE. A command published
 	// to the broker carries it, and Users does not act on it later.
 	ExpiresAt time.Time
+	// PublishedSeq is where the broker put the row's last published
+	// command in its stream (SENDER_TRANSPORT=nats); 0: never published.
+	PublishedSeq uint64
+	// PublishedAgo is how long ago the broker took that command, by the
+	// database's clock.
+	PublishedAgo time.Duration
 	// LeaseEnds is when the claim's lease runs out at the latest, by the
 	// sender's own clock (the claim's start plus SENDER_LEASE); the engine
 	// sets it. The zero time: unknown.
@@ -125,6 +131,8 @@ type claimRow struct {
 	TraceParent    pgtype.Text
 	Expired        bool
 	ExpiresAt      time.Time
+	PublishedSeq   int64
+	PublishedAgo   time.Duration
 }
 
 func fromClaim(r claimRow) Row {
@@ -132,6 +140,7 @@ func fromClaim(r claimRow) Row {
 		ID: r.ID, StudentID: r.StudentID, IdempotencyKey: r.IdempotencyKey, Operation: r.Operation,
 		Payload: r.Payload, Attempts: int(r.Attempts), LeaseToken: r.LeaseToken, CreatedAt: r.CreatedAt,
 		TraceParent: r.TraceParent.String, Expired: r.Expired, ExpiresAt: r.ExpiresAt,
+		PublishedSeq: uint64(max(r.PublishedSeq, 0)), PublishedAgo: r.PublishedAgo,
 	}
 }
 

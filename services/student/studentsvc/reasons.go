@@ -22,6 +22,7 @@ var reasonMessages = map[string]string{
 	// The sender keeps retrying these.
 	outbox.ReasonUsersUnreachable:  "Users unreachable, retrying",
 	outbox.ReasonBrokerUnreachable: "message broker unreachable, retrying",
+	outbox.ReasonBrokerFull:        "message broker full, retrying",
 	outbox.ReasonUsersUnavailable:  "Users unavailable, retrying",
 	outbox.ReasonKeyInProgress:     "Users is still processing this request, retrying",
 	// Users refused the sender's credentials: a misconfiguration, retried.
