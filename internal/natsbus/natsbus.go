@@ -200,8 +200,9 @@ type Streams struct {
 var DefaultStreams = Streams{Replicas: 1, Duplicates: 2 * time.Minute, MaxAge: 7 * 24 * time.Hour, MaxBytes: 1 << 30}
 
 // AckWait is how long the server waits for a consumer's ack before it
-// delivers the message again: longer than any one command takes
-// (USERS_DATABASE_TIMEOUT bounds its transaction).
+// delivers the message again. A consumer that works on a message for
+// longer (Users' transaction may take up to USERS_DATABASE_TIMEOUT) says
+// it is in progress every third of it.
 const AckWait = 30 * time.Second
 
 // Provision creates (or updates) both streams and both durable consumers.

@@ -35,6 +35,7 @@ func newBroker(s *Server, cfg Config, conn natsbus.Config) *broker {
 			log: log, store: s.store, metrics: s.metrics, caller: cfg.NATSCaller,
 			maxDeliveries: cfg.CommandMaxDeliveries, concurrency: commandConcurrency,
 			retryDelay: time.Second, unreadableDelay: 2 * time.Second,
+			progressEvery: natsbus.AckWait / 3,
 			answered: func() {
 				select {
 				case wake <- struct{}{}:

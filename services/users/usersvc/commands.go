@@ -48,6 +48,9 @@ type commands struct {
 	// unavailable, its key busy) waits before it is delivered again;
 	// unreadableDelay, one Users could not read, until it is parked.
 	retryDelay, unreadableDelay time.Duration
+	// progressEvery is how often a command still being applied is said
+	// to be in progress, well within the consumer's ack wait.
+	progressEvery time.Duration
 	// answered wakes the relay: an answer row was committed.
 	answered func()
 	// afterCommit, when set, runs between a command's commit and its ack;
@@ -229,7 +232,13 @@ func (c *commands) handle(ctx context.Context, msg jetstream.Msg) {
 		c.expired(log, msg, cmd)
 		return
 	}
+	// A command may take up to USERS_DATABASE_TIMEOUT (minutes, if set
+	// so), longer than the consumer's ack wait: the broker would hand it
+	// to another Users meanwhile, which would wait on the first and then
+	// replay. Saying it is in progress keeps it here.
+	stop := keepInProgress(msg, c.progressEvery)
 	outcome, err := c.apply(ctx, cmd)
+	stop()
 	span.SetAttributes(attribute.String("outcome", outcome))
 	c.metrics.commands.WithLabelValues(outcome).Inc()
 	if outcome == CommandRetried {
@@ -252,6 +261,32 @@ func (c *commands) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log.Debug("broker: command answered", slog.String("outcome", outcome))
+}
+
+// keepInProgress tells the broker every so often that msg is still being
+// handled, which restarts its ack wait, until stop is called. Nothing runs
+// for a command done within every, the usual case.
+func keepInProgress(msg jetstream.Msg, every time.Duration) (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(every, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		_ = msg.InProgress() // a lost one: the command may come again, and is replayed
+		t.Reset(every)
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // apply runs the command as POST /users would, and writes its answer to

@@ -414,3 +414,33 @@ func TestCommandReaderOutlivesReprovisioning(t *testing.T) {
 	require.Equal(t, http.StatusCreated, r.Status)
 	require.Equal(t, 2, e.count(t, "users"))
 }
+
+// TestSlowCommandStaysInProgress: a command whose transaction takes longer
+// than the consumer's ack wait (here the users table locked for 3s, ack
+// wait 1s) is said to be in progress, and is not delivered again to
+// another worker meanwhile: one delivery, one user, nothing replayed.
+func TestSlowCommandStaysInProgress(t *testing.T) {
+	t.Parallel()
+	e := newBrokerEnv(t, Config{}, func(b *broker) { b.commands.progressEvery = 300 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, err := e.admin.UpdateConsumer(ctx, natsbus.CommandStream, jetstream.ConsumerConfig{
+		Durable: natsbus.UsersConsumer, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxAckPending: 1000,
+	})
+	require.NoError(t, err)
+
+	lock, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.Background()) }()
+	_, err = lock.Exec(ctx, "LOCK TABLE users IN EXCLUSIVE MODE")
+	require.NoError(t, err)
+	e.publish(t, uuid.NewString(), ada)
+	time.Sleep(3 * time.Second) // three ack waits
+	require.NoError(t, lock.Rollback(ctx))
+
+	require.Eventually(t, func() bool { return e.outcome(OutcomeCreated) == 1 }, wait, 20*time.Millisecond)
+	e.settled(t)
+	require.Zero(t, e.outcome(OutcomeReplayed), "delivered again while the first delivery worked on it")
+	require.Zero(t, e.outcome(CommandRetried))
+	require.Equal(t, 1, e.count(t, "users"))
+}
