@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -200,10 +201,40 @@ type Streams struct {
 var DefaultStreams = Streams{Replicas: 1, Duplicates: 2 * time.Minute, MaxAge: 7 * 24 * time.Hour, MaxBytes: 1 << 30}
 
 // AckWait is how long the server waits for a consumer's ack before it
-// delivers the message again. A consumer that works on a message for
-// longer (Users' transaction may take up to USERS_DATABASE_TIMEOUT) says
-// it is in progress every third of it.
-const AckWait = 30 * time.Second
+// delivers the message again: how soon a message whose reader died is
+// read by another. A reader that works on a message for longer (Users'
+// transaction may take up to USERS_DATABASE_TIMEOUT) says it is in
+// progress every third of it (KeepInProgress).
+const AckWait = 10 * time.Second
+
+// KeepInProgress tells the broker every so often that msg is still being
+// handled, which starts its ack wait again, until stop is called. Nothing
+// is sent for a message handled within every, the usual case.
+func KeepInProgress(msg jetstream.Msg, every time.Duration) (stop func()) {
+	if every <= 0 {
+		return func() {}
+	}
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(every, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		_ = msg.InProgress() // lost: the message may come again, and is handled as a repeat
+		t.Reset(every)
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
+}
 
 // Provision creates (or updates) both streams and both durable consumers.
 // It needs rights no service process has: run it as the broker's admin,
@@ -249,6 +280,31 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Streams) error {
 		}
 	}
 	return nil
+}
+
+// Parked is a message its consumer could not read, as it is kept for an
+// operator (Users' parked_commands, the sender's parked_replies) before
+// it is terminated on the broker.
+type Parked struct {
+	Stream     string
+	Sequence   uint64 // in its stream
+	Subject    string
+	Headers    []byte // JSON
+	Data       []byte
+	Reason     string
+	Deliveries int
+}
+
+// ParkedOf describes msg, delivered as meta says, for parking.
+func ParkedOf(msg jetstream.Msg, meta *jetstream.MsgMetadata, reason string) Parked {
+	headers, err := json.Marshal(msg.Headers())
+	if err != nil {
+		headers = []byte("{}")
+	}
+	return Parked{
+		Stream: meta.Stream, Sequence: meta.Sequence.Stream, Subject: msg.Subject(), Headers: headers,
+		Data: msg.Data(), Reason: reason, Deliveries: int(min(meta.NumDelivered, 1<<31-1)),
+	}
 }
 
 // HTTPHeader is h as an http.Header, for the trace propagator (both are

@@ -64,7 +64,7 @@ func TestPermissions(t *testing.T) {
 		}
 	}
 	provision := func(ctx context.Context, js jetstream.JetStream) error {
-		return natsbus.Provision(ctx, js, natsbus.DefaultStreams)
+		return natsbus.Provision(ctx, js, natsserver.LocalStreams)
 	}
 	for _, tc := range []struct {
 		user            string

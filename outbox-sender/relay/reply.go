@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/outbox-sender/internal/store"
 )
@@ -48,4 +49,10 @@ func (e *Engine) RecordReply(ctx context.Context, messageID, key uuid.UUID, a An
 			slog.String("reply_id", messageID.String()), slog.String("outcome", applied.Outcome))
 	}
 	return applied.Outcome, nil
+}
+
+// ParkReply keeps a reply the transport could not read, for an operator
+// (parked_replies in Student's database).
+func (e *Engine) ParkReply(ctx context.Context, p natsbus.Parked) error {
+	return e.store.ParkReply(ctx, p)
 }

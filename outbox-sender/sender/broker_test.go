@@ -24,6 +24,7 @@ import (
 	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/outbox-sender/internal/store"
+	"github.com/outboxref/outboxref/outbox-sender/usersnats"
 	"github.com/outboxref/outboxref/testkit/natsserver"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -139,7 +140,7 @@ func brokerWith(t *testing.T, change func(*natsbus.Streams)) (*natsserver.Server
 	_, js := srv.Admin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	streams := natsbus.DefaultStreams
+	streams := natsserver.LocalStreams
 	change(&streams)
 	require.NoError(t, natsbus.Provision(ctx, js, streams))
 	return srv, js
@@ -231,7 +232,10 @@ func TestBrokerRepliesApplyOnce(t *testing.T) {
 	users.reply(key, uuid.New(), http.StatusCreated, map[string]any{"userId": uuid.New()})
 	eventually(t, "the third reply read", func() bool { return count(t, pool, "SELECT count(*) FROM reply_inbox") == 3 })
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE user_id = $1", users.userFor(key)))
-	require.InDelta(t, 2, r.metric(t, "outbox_sender_replies_total", "outcome", store.ReplySettled), 0)
+	// Counted just after the commit the checks above see.
+	eventually(t, "the third reply counted", func() bool {
+		return r.metric(t, "outbox_sender_replies_total", "outcome", store.ReplySettled) == 2
+	})
 	require.InDelta(t, 1, r.metric(t, "outbox_sender_replies_total", "outcome", store.ReplyLinked), 0)
 }
 
@@ -326,7 +330,7 @@ func TestBrokerReplyReaderOutlivesReprovisioning(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, js.DeleteConsumer(ctx, natsbus.ReplyStream, natsbus.SenderConsumer))
-	require.NoError(t, natsbus.Provision(ctx, js, natsbus.DefaultStreams))
+	require.NoError(t, natsbus.Provision(ctx, js, natsserver.LocalStreams))
 
 	key := keysOf(t, pool)[0]
 	users.reply(key, uuid.New(), http.StatusCreated, map[string]any{"userId": users.userFor(key)})
@@ -382,6 +386,39 @@ func TestBrokerHoldsBackAnUnreadCommand(t *testing.T) {
 	deliveredWithin(t, pool, 3, 15*time.Second, "the answers link the students")
 }
 
+// When the sender cannot tell how far Users has read (here Users'
+// consumer is gone, deleted by an operator), it publishes a row again
+// rather than hold it for ever. With no consumer the command stream keeps
+// nothing it is given, and JetStream drops a repeat within its
+// de-duplication window as if it held the first (a short window here):
+// only a publish past the window brings a command to the consumer made
+// anew.
+func TestBrokerPublishesAgainWhenItCannotLook(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	short := func(s *natsbus.Streams) { s.Duplicates = 100 * time.Millisecond }
+	srv, js := brokerWith(t, short)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, js.DeleteConsumer(ctx, natsbus.CommandStream, natsbus.UsersConsumer))
+
+	addStudents(t, pool, 2)
+	cfg := natsConfig(srv)
+	cfg.BackoffMin, cfg.BackoffMax = 50*time.Millisecond, 400*time.Millisecond
+	cfg.MaxAttempts = 1000 // each publish again is an attempt
+	_, logs := runLogged(t, pool, cfg)
+	eventually(t, "the rows published again", func() bool {
+		return count(t, pool, "SELECT count(*) FROM outbox WHERE attempts >= 3") == 2
+	})
+	require.NotEmpty(t, logLines(t, logs.String(), "look up how far Users has read the commands; publishing again regardless"))
+
+	streams := natsserver.LocalStreams
+	short(&streams)
+	require.NoError(t, natsbus.Provision(ctx, js, streams))
+	newBrokerUsers(t, srv, nil)
+	deliveredWithin(t, pool, 2, 15*time.Second, "the commands published to the consumer made anew are answered")
+}
+
 // A command stream at its byte limit refuses new commands: the rows wait
 // in the outbox as broker-full, and go once Users has read enough to
 // make room (read commands leave the stream).
@@ -411,10 +448,11 @@ func TestBrokerFullKeepsRowsInTheOutbox(t *testing.T) {
 	eventually(t, "every row's command published once Users reads", func() bool { return users.sawEach(keys, 1) })
 }
 
-// A reply the sender cannot read is read a few times, then set aside: it
-// stays in the reply stream, unacknowledged (an acknowledged one would
-// leave it), counted, and the rest go on.
-func TestBrokerSetsAsideAnUnreadableReply(t *testing.T) {
+// A reply the sender cannot read is read a few times, then parked: kept
+// in parked_replies for an operator and terminated on the broker (left
+// unacknowledged, it would hold a pending slot of the consumer for good),
+// counted, and the rest go on.
+func TestBrokerParksAnUnreadableReply(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
 	srv := natsserver.ForTest(t)
@@ -426,16 +464,20 @@ func TestBrokerSetsAsideAnUnreadableReply(t *testing.T) {
 	msg.Data = []byte(`{"not":"a reply"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := users.js.PublishMsg(ctx, msg, jetstream.WithMsgID(uuid.NewString()))
+	ack, err := users.js.PublishMsg(ctx, msg, jetstream.WithMsgID(uuid.NewString()))
 	require.NoError(t, err)
 	deliveredWithin(t, pool, 1, 15*time.Second, "the other replies are read")
-	eventually(t, "the unreadable reply set aside", func() bool {
+	eventually(t, "the unreadable reply parked", func() bool {
 		return r.metric(t, "outbox_sender_replies_undecodable_total") == 1
 	})
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM parked_replies WHERE stream = $1 AND stream_sequence = $2 AND data = $3 AND deliveries = $4",
+		natsbus.ReplyStream, int64(ack.Sequence), msg.Data, usersnats.MaxReplyDeliveries))
 	_, js := srv.Admin(t)
-	s, err := js.Stream(ctx, natsbus.ReplyStream)
-	require.NoError(t, err)
-	require.Equal(t, uint64(1), s.CachedInfo().State.Msgs, "only the unreadable reply is left, kept")
+	eventually(t, "the parked reply gone from the stream", func() bool {
+		s, err := js.Stream(ctx, natsbus.ReplyStream)
+		require.NoError(t, err)
+		return s.CachedInfo().State.Msgs == 0
+	})
 }
 
 // Every metric docs/observability.md lists for the broker transport is

@@ -50,21 +50,18 @@ type Config struct {
 }
 
 // MaxReplyDeliveries is how often the sender reads a reply it cannot
-// decode, a second apart, before it sets it aside: a reply from a newer
-// Users may be one a newer sender, rolling out beside this one, can read.
-// Set aside, the reply stays unacknowledged in the stream (an
-// acknowledged one would leave it) and comes back every UnreadableWait,
-// counted and logged each time, until a sender reads it or an operator
-// removes it by its sequence.
+// decode, a second apart, before it parks it: a reply from a newer Users
+// may be one a newer sender, rolling out beside this one, can read.
+// Parked, the reply is kept in parked_replies and terminated on the
+// broker: left unacknowledged, it would hold one of the consumer's pending
+// slots for good, and enough of them would stop the reading of replies.
 const MaxReplyDeliveries = 5
 
-// UnreadableWait is how long a reply set aside waits before it is read
-// again.
-const UnreadableWait = time.Hour
-
-// Recorder records a reply: relay.Engine.
+// Recorder records a reply, or parks one the sender cannot read:
+// relay.Engine.
 type Recorder interface {
 	RecordReply(ctx context.Context, messageID, key uuid.UUID, a relay.Answer) (string, error)
+	ParkReply(ctx context.Context, p natsbus.Parked) error
 }
 
 // Transport publishes commands and reads replies on one connection.
@@ -80,15 +77,18 @@ type Transport struct {
 	// duplicates counts publishes the broker acknowledged as repeats
 	// within its de-duplication window.
 	duplicates prometheus.Counter
-	// undecodable counts replies given up on.
+	// undecodable counts replies parked.
 	undecodable prometheus.Counter
 
-	// floor caches how far Users has read the command stream.
+	// floor caches how far Users has read the command stream: the last
+	// look's result (or failure) and when it came, and the look in
+	// flight, if any (closed when it ends).
 	floor struct {
 		sync.Mutex
 		read
-		err error
-		at  time.Time
+		err      error
+		at       time.Time
+		inFlight chan struct{}
 	}
 }
 
@@ -118,7 +118,7 @@ func New(log *slog.Logger, cfg Config) (*Transport, error) {
 		}),
 		undecodable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_sender_replies_undecodable_total",
-			Help: "Replies the sender could not read after " + strconv.Itoa(MaxReplyDeliveries) + " deliveries and set aside (unacknowledged in the reply stream, read again hourly, counted each time): alert on any increase.",
+			Help: "Replies the sender could not read after " + strconv.Itoa(MaxReplyDeliveries) + " deliveries, parked in parked_replies: alert on any increase.",
 		}),
 	}, nil
 }
@@ -143,7 +143,7 @@ func (t *Transport) Close() { t.nc.Close() }
 // the broker would store every copy.
 func (t *Transport) Deliver(ctx context.Context, row store.Row) relay.Answer {
 	if row.PublishedSeq > 0 {
-		r, err := t.readSoFar(ctx)
+		r, err := t.readSoFar(ctx, t.lookUpBy(row))
 		switch {
 		case err != nil:
 			// Better a copy too many than a row that never moves: Users'
@@ -193,10 +193,13 @@ func streamFull(err error) bool {
 	return errors.As(err, &api) && api.ErrorCode == errStoreFailed && strings.HasPrefix(api.Description, "maximum ")
 }
 
-// floorFresh is how long a look at the command stream is used for. An
-// older look holds a row back a little longer, never publishes one too
-// soon: the floor only moves forward (a consumer made anew starts again
-// from the stream's oldest command, unread).
+// floorFresh is how long a look at the command stream is used for. The
+// floor only moves forward (a consumer made anew starts again from the
+// stream's oldest command, unread), so an older floor holds a row back a
+// little longer, never publishes one too soon. The stream's newest
+// sequence does grow: a row published after the look seems past it, and
+// is published again, which only happens with an answer wait shorter than
+// the look's age, and which JetStream's de-duplication window drops.
 const floorFresh = time.Second
 
 // read is how far Users has read the command stream.
@@ -216,18 +219,56 @@ type read struct {
 // again.
 func (r read) unread(seq uint64) bool { return r.floor < seq && seq <= r.last }
 
-// readSoFar looks at the command stream and Users' consumer on it. One
-// look serves every row for floorFresh, a failed look too.
-func (t *Transport) readSoFar(ctx context.Context) (read, error) {
+// lookUpBy is how long the publishing of row may wait for a look at the
+// command stream: its publish must still end within the claim's lease
+// (each publish is bounded by SENDER_REQUEST_TIMEOUT), so that no command
+// goes out under a lease another sender may hold by then.
+func (t *Transport) lookUpBy(row store.Row) time.Time {
+	if row.LeaseEnds.IsZero() {
+		return time.Now().Add(t.cfg.Timeout)
+	}
+	return row.LeaseEnds.Add(-t.cfg.Timeout)
+}
+
+// readSoFar returns how far Users has read the command stream, waiting
+// until by at most. One look serves every row for floorFresh, a failed
+// look too; rows that come while a look is under way wait for that one,
+// not for one each. The look runs apart from the callers, so that one
+// caller's end does not fail it for the others.
+func (t *Transport) readSoFar(ctx context.Context, by time.Time) (read, error) {
 	f := &t.floor
 	f.Lock()
-	defer f.Unlock()
 	if !f.at.IsZero() && time.Since(f.at) < floorFresh {
+		defer f.Unlock()
 		return f.read, f.err
 	}
-	f.at = time.Now()
-	f.read, f.err = t.lookUp(ctx)
-	return f.read, f.err
+	if f.inFlight == nil {
+		done := make(chan struct{})
+		f.inFlight = done
+		// Not bound to this caller's end: the others wait for it too.
+		lookCtx := context.WithoutCancel(ctx)
+		go func() {
+			lctx, cancel := context.WithTimeout(lookCtx, t.cfg.Timeout)
+			r, err := t.lookUp(lctx)
+			cancel()
+			f.Lock()
+			f.read, f.err, f.at, f.inFlight = r, err, time.Now(), nil
+			f.Unlock()
+			close(done)
+		}()
+	}
+	done := f.inFlight
+	f.Unlock()
+	wctx, cancel := context.WithDeadline(ctx, by)
+	defer cancel()
+	select {
+	case <-done:
+		f.Lock()
+		defer f.Unlock()
+		return f.read, f.err
+	case <-wctx.Done():
+		return read{}, errors.New("no answer from the broker in time")
+	}
 }
 
 func (t *Transport) lookUp(ctx context.Context) (read, error) {
@@ -350,11 +391,19 @@ func (t *Transport) handle(ctx context.Context, rec Recorder, m jetstream.Msg) {
 			_ = m.NakWithDelay(time.Second)
 			return
 		}
+		why := err.Error()
+		if err := rec.ParkReply(context.WithoutCancel(ctx), natsbus.ParkedOf(m, meta, why)); err != nil {
+			t.warn("park a reply the sender cannot read; it is read again", err)
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
 		t.undecodable.Inc()
-		t.log.Error("set aside a reply the sender cannot read; it is read again in an hour",
+		t.log.Error("parked a reply the sender cannot read in parked_replies",
 			slog.String("stream", natsbus.ReplyStream), slog.Uint64("stream_seq", meta.Sequence.Stream),
-			slog.Uint64("deliveries", meta.NumDelivered), slog.String("error", err.Error()))
-		_ = m.NakWithDelay(UnreadableWait)
+			slog.Uint64("deliveries", meta.NumDelivered), slog.String("error", why))
+		if err := m.TermWithReason("parked"); err != nil {
+			t.log.Warn("terminate a parked reply; its next delivery is parked again, once", slog.String("error", err.Error()))
+		}
 		return
 	}
 	// A refusal is a problem document, as Users' HTTP answer would be.
@@ -364,7 +413,11 @@ func (t *Transport) handle(ctx context.Context, rec Recorder, m jetstream.Msg) {
 	}
 	a := usershttp.Judge(reply.Status, contentType, reply.Body)
 	// Recorded whatever ctx does: a reply read is better recorded now.
-	if _, err := rec.RecordReply(context.WithoutCancel(ctx), id, reply.IdempotencyKey, a); err != nil {
+	// SENDER_DATABASE_TIMEOUT may exceed the ack wait.
+	stop := natsbus.KeepInProgress(m, natsbus.AckWait/3)
+	_, err = rec.RecordReply(context.WithoutCancel(ctx), id, reply.IdempotencyKey, a)
+	stop()
+	if err != nil {
 		t.warn("record a reply; it is read again", err)
 		_ = m.NakWithDelay(time.Second)
 		return

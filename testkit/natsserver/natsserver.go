@@ -47,20 +47,36 @@ type Options struct {
 	// otherwise each is made up.
 	Passwords map[string]auth.Secret
 
-	// A cluster's node: its name, route port and the other nodes' routes.
-	name        string
-	clusterPort int
-	routes      []string
+	// A cluster's node: its name, route port and the other nodes' routes
+	// (nats-route://host:port). Empty Name: a server on its own.
+	Name        string
+	ClusterPort int
+	Routes      []string
 }
 
+// LocalStreams are the streams of a server started here: the defaults,
+// but for a byte limit of 64 MiB each. JetStream sets a stream's byte
+// limit aside on its storage, per replica: the default 1 GiB each would
+// ask a developer's machine (or CI's) for gigabytes of free disk per
+// server, while tests and the local run hold a few megabytes.
+var LocalStreams = func() natsbus.Streams {
+	s := natsbus.DefaultStreams
+	s.MaxBytes = 64 << 20
+	return s
+}()
+
+// localMaxStore bounds a server's file storage: enough for its streams,
+// whatever the disk has free.
+const localMaxStore = 1 << 30
+
 // Start starts a server, provisions the streams and consumers with
-// natsbus.DefaultStreams, and returns once both are ready.
+// LocalStreams, and returns once both are ready.
 func Start(ctx context.Context, o Options) (*Server, error) {
 	s, err := newServer(o)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.provision(ctx, natsbus.DefaultStreams); err != nil {
+	if err := s.provision(ctx, LocalStreams); err != nil {
 		s.Stop()
 		return nil, err
 	}
@@ -71,10 +87,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 func newServer(o Options) (*Server, error) {
 	pw := o.Passwords
 	if pw == nil {
-		pw = map[string]auth.Secret{}
-		for _, name := range []string{AdminUser, natsbus.SenderUser, natsbus.UsersUser} {
-			pw[name] = auth.Secret(randomHex())
-		}
+		pw = RandomPasswords()
 	}
 	users := []*server.User{}
 	for _, name := range []string{AdminUser, natsbus.SenderUser, natsbus.UsersUser} {
@@ -93,15 +106,15 @@ func newServer(o Options) (*Server, error) {
 	}
 	opts := &server.Options{
 		Host: "127.0.0.1", Port: port, ServerName: "outboxref-local",
-		JetStream: true, StoreDir: o.Dir,
+		JetStream: true, StoreDir: o.Dir, JetStreamMaxStore: localMaxStore,
 		Users:  users,
 		NoLog:  true,
 		NoSigs: true,
 	}
-	if o.name != "" {
-		opts.ServerName = o.name
-		opts.Cluster = server.ClusterOpts{Name: "outboxref", Host: "127.0.0.1", Port: o.clusterPort}
-		for _, r := range o.routes {
+	if o.Name != "" {
+		opts.ServerName = o.Name
+		opts.Cluster = server.ClusterOpts{Name: "outboxref", Host: "127.0.0.1", Port: o.ClusterPort}
+		for _, r := range o.Routes {
 			u, err := url.Parse(r)
 			if err != nil {
 				return nil, err
@@ -209,10 +222,7 @@ type Cluster struct {
 // StartCluster starts n nodes on free ports under dir, routed to each
 // other, and provisions the streams and consumers with n replicas.
 func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
-	pw := map[string]auth.Secret{}
-	for _, name := range []string{AdminUser, natsbus.SenderUser, natsbus.UsersUser} {
-		pw[name] = auth.Secret(randomHex())
-	}
+	pw := RandomPasswords()
 	clientPorts, routePorts := make([]int, n), make([]int, n)
 	for i := range n {
 		var err error
@@ -234,9 +244,9 @@ func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
 		}
 		o := Options{
 			Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), Port: clientPorts[i], Passwords: pw,
-			name: fmt.Sprintf("n%d", i+1), clusterPort: routePorts[i], routes: routes,
+			Name: fmt.Sprintf("n%d", i+1), ClusterPort: routePorts[i], Routes: routes,
 		}
-		s, err := newServer(o)
+		s, err := StartNode(o)
 		if err != nil {
 			c.Stop()
 			return nil, err
@@ -245,19 +255,57 @@ func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
 		urls = append(urls, s.URL)
 	}
 	c.URL = strings.Join(urls, ",")
-	// JetStream's meta group needs a leader before a stream can be made.
+	if err := ProvisionCluster(ctx, c.URL, pw[AdminUser], n); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+// StartNode starts one node of a cluster (o.Name, o.ClusterPort and
+// o.Routes set) and returns once it takes connections. Nothing is
+// provisioned: a cluster's streams are made once, for every node
+// (ProvisionCluster).
+func StartNode(o Options) (*Server, error) { return newServer(o) }
+
+// ProvisionCluster provisions the streams and consumers with LocalStreams
+// and one replica per node on the cluster at urls, as the
+// admin, trying again for 30s while JetStream's meta group has no leader
+// yet (a cluster just started).
+func ProvisionCluster(ctx context.Context, urls string, adminPassword auth.Secret, nodes int) error {
+	streams := LocalStreams
+	streams.Replicas = nodes
+	nc, err := nats.Connect(urls, nats.UserInfo(AdminUser, string(adminPassword)))
+	if err != nil {
+		return fmt.Errorf("nats cluster: connect as admin: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := c.Nodes[0].provision(ctx, natsbus.Streams{Replicas: n, Duplicates: natsbus.DefaultStreams.Duplicates, MaxAge: natsbus.DefaultStreams.MaxAge})
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := natsbus.Provision(pctx, js, streams)
+		cancel()
 		if err == nil {
-			return c, nil
+			return nil
 		}
-		if time.Now().After(deadline) {
-			c.Stop()
-			return nil, fmt.Errorf("nats cluster: provision: %w", err)
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("nats cluster: provision: %w", err)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// RandomPasswords makes up a password for each of the broker's users.
+func RandomPasswords() map[string]auth.Secret {
+	pw := map[string]auth.Secret{}
+	for _, name := range []string{AdminUser, natsbus.SenderUser, natsbus.UsersUser} {
+		pw[name] = auth.Secret(randomHex())
+	}
+	return pw
 }
 
 // Config is how the process with NATS user name connects to the cluster.

@@ -58,3 +58,9 @@ WHERE message_id IN (
     ORDER BY received_at
     LIMIT @batch_size
 );
+
+-- name: ParkReply :exec
+-- Keeps a reply the sender could not read, for an operator.
+INSERT INTO parked_replies (stream, stream_sequence, subject, headers, data, reason, deliveries)
+VALUES (@stream, @stream_sequence, @subject, @headers, @data, @reason, @deliveries)
+ON CONFLICT (stream, stream_sequence) DO NOTHING;

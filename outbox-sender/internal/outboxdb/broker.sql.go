@@ -68,6 +68,36 @@ func (q *Queries) MarkDeadByReply(ctx context.Context, db DBTX, arg MarkDeadByRe
 	return result.RowsAffected(), nil
 }
 
+const parkReply = `-- name: ParkReply :exec
+INSERT INTO parked_replies (stream, stream_sequence, subject, headers, data, reason, deliveries)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (stream, stream_sequence) DO NOTHING
+`
+
+type ParkReplyParams struct {
+	Stream         string
+	StreamSequence int64
+	Subject        string
+	Headers        []byte
+	Data           []byte
+	Reason         string
+	Deliveries     int32
+}
+
+// Keeps a reply the sender could not read, for an operator.
+func (q *Queries) ParkReply(ctx context.Context, db DBTX, arg ParkReplyParams) error {
+	_, err := db.Exec(ctx, parkReply,
+		arg.Stream,
+		arg.StreamSequence,
+		arg.Subject,
+		arg.Headers,
+		arg.Data,
+		arg.Reason,
+		arg.Deliveries,
+	)
+	return err
+}
+
 const purgeReplies = `-- name: PurgeReplies :execrows
 DELETE FROM reply_inbox
 WHERE message_id IN (

@@ -64,6 +64,17 @@ type OutboxEvent struct {
 	IdempotencyKey uuid.UUID
 }
 
+type ParkedReply struct {
+	Stream         string
+	StreamSequence int64
+	Subject        string
+	Headers        []byte
+	Data           []byte
+	Reason         string
+	Deliveries     int32
+	ParkedAt       time.Time
+}
+
 type ReplyInbox struct {
 	MessageID      uuid.UUID
 	IdempotencyKey uuid.UUID

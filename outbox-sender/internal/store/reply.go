@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
 )
@@ -179,4 +180,21 @@ func (s *Store) PurgeReplies(ctx context.Context, retention time.Duration, batch
 	return database.DeleteInBatches(ctx, s.timeout, batch, "purge replies", func(ctx context.Context) (int64, error) {
 		return s.q.PurgeReplies(ctx, s.pool, outboxdb.PurgeRepliesParams{Retention: retention, BatchSize: batch})
 	})
+}
+
+// ParkReply keeps a reply the sender could not read, for an operator.
+// Parking the same reply again (the first parking's termination was lost)
+// keeps the first row.
+func (s *Store) ParkReply(ctx context.Context, p natsbus.Parked) error {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
+	err := s.q.ParkReply(ctx, s.pool, outboxdb.ParkReplyParams{
+		Stream: p.Stream, StreamSequence: int64(p.Sequence), //nolint:gosec // a stream sequence, far below 2^63
+		Subject: p.Subject, Headers: p.Headers, Data: p.Data, Reason: p.Reason,
+		Deliveries: int32(p.Deliveries), //nolint:gosec // natsbus.ParkedOf bounds it
+	})
+	if err != nil {
+		return database.Classify(fmt.Errorf("park reply: %w", err))
+	}
+	return nil
 }

@@ -236,7 +236,7 @@ func (c *commands) handle(ctx context.Context, msg jetstream.Msg) {
 	// so), longer than the consumer's ack wait: the broker would hand it
 	// to another Users meanwhile, which would wait on the first and then
 	// replay. Saying it is in progress keeps it here.
-	stop := keepInProgress(msg, c.progressEvery)
+	stop := natsbus.KeepInProgress(msg, c.progressEvery)
 	outcome, err := c.apply(ctx, cmd)
 	stop()
 	span.SetAttributes(attribute.String("outcome", outcome))
@@ -261,32 +261,6 @@ func (c *commands) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log.Debug("broker: command answered", slog.String("outcome", outcome))
-}
-
-// keepInProgress tells the broker every so often that msg is still being
-// handled, which restarts its ack wait, until stop is called. Nothing runs
-// for a command done within every, the usual case.
-func keepInProgress(msg jetstream.Msg, every time.Duration) (stop func()) {
-	var mu sync.Mutex
-	stopped := false
-	var t *time.Timer
-	mu.Lock()
-	defer mu.Unlock()
-	t = time.AfterFunc(every, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped {
-			return
-		}
-		_ = msg.InProgress() // a lost one: the command may come again, and is replayed
-		t.Reset(every)
-	})
-	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		t.Stop()
-	}
 }
 
 // apply runs the command as POST /users would, and writes its answer to
@@ -378,15 +352,7 @@ func (c *commands) unreadable(ctx context.Context, log *slog.Logger, msg jetstre
 		}
 		return
 	}
-	headers, err := json.Marshal(msg.Headers())
-	if err != nil {
-		headers = []byte("{}")
-	}
-	err = c.store.Park(ctx, store.ParkedCommand{
-		Stream: meta.Stream, Sequence: meta.Sequence.Stream, Subject: msg.Subject(), Headers: headers,
-		Data: msg.Data(), Reason: reason, Deliveries: int(meta.NumDelivered), //nolint:gosec // a delivery count
-	})
-	if err != nil {
+	if err := c.store.Park(ctx, natsbus.ParkedOf(msg, meta, reason)); err != nil {
 		c.metrics.commands.WithLabelValues(CommandRetried).Inc()
 		log.Warn("broker: parking an unreadable command failed; it is delivered again", slog.String("error", err.Error()))
 		_ = msg.NakWithDelay(c.retryDelay)

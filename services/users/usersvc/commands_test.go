@@ -406,7 +406,7 @@ func TestCommandReaderOutlivesReprovisioning(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	require.NoError(t, e.admin.DeleteConsumer(ctx, natsbus.CommandStream, natsbus.UsersConsumer))
-	require.NoError(t, natsbus.Provision(ctx, e.admin, natsbus.DefaultStreams))
+	require.NoError(t, natsbus.Provision(ctx, e.admin, natsserver.LocalStreams))
 	key := uuid.NewString()
 	e.publish(t, key, body("Bob", "bob@example.com", "222-2"))
 	r := e.replies(t, 2)[1]

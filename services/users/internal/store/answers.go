@@ -11,6 +11,7 @@ import (
 	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/internal/person"
 	"github.com/outboxref/outboxref/services/users/internal/usersdb"
 )
@@ -200,15 +201,7 @@ func (s *Store) PurgeAnswers(ctx context.Context, retention time.Duration, batch
 }
 
 // ParkedCommand is a command Users could not read, kept for an operator.
-type ParkedCommand struct {
-	Stream     string
-	Sequence   uint64 // in its stream
-	Subject    string
-	Headers    []byte // JSON
-	Data       []byte
-	Reason     string
-	Deliveries int
-}
+type ParkedCommand = natsbus.Parked
 
 // Park keeps a command Users gave up on. Parking the same command again
 // (the first parking's Term was lost) keeps the first row.
@@ -218,7 +211,7 @@ func (s *Store) Park(ctx context.Context, c ParkedCommand) error {
 	err := s.q.ParkCommand(ctx, s.pool, usersdb.ParkCommandParams{
 		Stream: c.Stream, StreamSequence: int64(c.Sequence), //nolint:gosec // a stream sequence, far below 2^63
 		Subject: c.Subject, Headers: c.Headers, Data: c.Data, Reason: c.Reason,
-		Deliveries: int32(min(c.Deliveries, 1<<31-1)), //nolint:gosec // bounded just before
+		Deliveries: int32(c.Deliveries), //nolint:gosec // natsbus.ParkedOf bounds it
 	})
 	if err != nil {
 		return database.Classify(fmt.Errorf("park command: %w", err))
