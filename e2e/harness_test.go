@@ -163,10 +163,11 @@ type scenario struct {
 
 	users, student *proc
 	// broker is the NATS JetStream server between the sender and Users,
-	// with the nats transport, or brokerCluster its three nodes (nil
-	// with HTTP); brokerURL and brokerPasswords are how to reach either.
+	// with the nats transport, or brokerNodes its cluster's nodes, each a
+	// process (nil with HTTP); brokerURL and brokerPasswords are how to
+	// reach either.
 	broker          *natsserver.Server
-	brokerCluster   *natsserver.Cluster
+	brokerNodes     []*proc
 	brokerURL       string
 	brokerPasswords map[string]auth.Secret
 	// brokerToxi is the senders' way to the broker, with

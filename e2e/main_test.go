@@ -47,6 +47,9 @@ type buildSet struct {
 	label                  string // "good" or the broken variant
 	student, users, sender string
 	lab                    string
+	// natsd is a NATS server as a process of its own: the nodes of the
+	// broker scenarios' cluster, which a scenario kills with SIGKILL.
+	natsd string
 }
 
 // scenarioResult is one scenario's line in the closing summary.
@@ -150,7 +153,7 @@ func startCluster(name string) (*pgcluster.Cluster, error) {
 func buildAll() error {
 	start := time.Now()
 	dir := filepath.Join(suite.work, "good")
-	if err := goBuild(dir, "", "./services/student", "./services/users", "./outbox-sender", "./lab"); err != nil {
+	if err := goBuild(dir, "", "./services/student", "./services/users", "./outbox-sender", "./lab", "./testkit/natsserver/natsd"); err != nil {
 		return err
 	}
 	suite.good = buildSet{
@@ -159,6 +162,7 @@ func buildAll() error {
 		users:   filepath.Join(dir, "users"),
 		sender:  filepath.Join(dir, "outbox-sender"),
 		lab:     filepath.Join(dir, "lab"),
+		natsd:   filepath.Join(dir, "natsd"),
 	}
 	fmt.Printf("e2e: built the binaries in %s\n", time.Since(start).Round(time.Millisecond))
 

@@ -10,6 +10,16 @@
 //	                   streams are provisioned (required)
 //	NATSD_PASSWORDS    user=password,user=password: the users' passwords
 //	                   (required: admin, outbox-sender and users)
+//
+// As a node of a cluster (the e2e suite's, whose nodes it kills with
+// SIGKILL), with nothing provisioned: the streams are made once for the
+// whole cluster (natsserver.ProvisionCluster), and /readyz answers once
+// the node takes connections.
+//
+//	NATSD_NAME          the node's name (set: a cluster node)
+//	NATSD_CLUSTER_PORT  its route port
+//	NATSD_ROUTES        the other nodes' routes, comma-separated
+//	                    (nats-route://127.0.0.1:port)
 package main
 
 import (
@@ -63,10 +73,29 @@ func run(ctx context.Context, getenv func(string) string) error {
 			bad = append(bad, "NATSD_PASSWORDS: no password for "+user)
 		}
 	}
+	o := natsserver.Options{Dir: dir, Port: port, Passwords: passwords, Name: getenv("NATSD_NAME")}
+	if o.Name != "" {
+		o.ClusterPort, err = strconv.Atoi(getenv("NATSD_CLUSTER_PORT"))
+		if err != nil || o.ClusterPort <= 0 {
+			bad = append(bad, "NATSD_CLUSTER_PORT: a port number is required with NATSD_NAME")
+		}
+		for r := range strings.SplitSeq(getenv("NATSD_ROUTES"), ",") {
+			if r = strings.TrimSpace(r); r != "" {
+				o.Routes = append(o.Routes, r)
+			}
+		}
+		if len(o.Routes) == 0 {
+			bad = append(bad, "NATSD_ROUTES: the other nodes' routes are required with NATSD_NAME")
+		}
+	}
 	if len(bad) > 0 {
 		return errors.New(strings.Join(bad, "; "))
 	}
-	srv, err := natsserver.Start(ctx, natsserver.Options{Dir: dir, Port: port, Passwords: passwords})
+	start := func() (*natsserver.Server, error) { return natsserver.Start(ctx, o) }
+	if o.Name != "" {
+		start = func() (*natsserver.Server, error) { return natsserver.StartNode(o) }
+	}
+	srv, err := start()
 	if err != nil {
 		return err
 	}
