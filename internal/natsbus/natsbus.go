@@ -207,10 +207,10 @@ var DefaultStreams = Streams{Replicas: 1, Duplicates: 2 * time.Minute, MaxAge: 7
 // progress every third of it (KeepInProgress).
 const AckWait = 10 * time.Second
 
-// KeepInProgress tells the broker every so often that msg is still being
-// handled, which starts its ack wait again, until stop is called. Nothing
-// is sent for a message handled within every, the usual case.
-func KeepInProgress(msg jetstream.Msg, every time.Duration) (stop func()) {
+// KeepInProgress tells the broker every so often that msgs are still
+// being handled, which starts their ack waits again, until stop is called.
+// Nothing is sent for messages handled within every, the usual case.
+func KeepInProgress(every time.Duration, msgs ...jetstream.Msg) (stop func()) {
 	if every <= 0 {
 		return func() {}
 	}
@@ -225,7 +225,9 @@ func KeepInProgress(msg jetstream.Msg, every time.Duration) (stop func()) {
 		if stopped {
 			return
 		}
-		_ = msg.InProgress() // lost: the message may come again, and is handled as a repeat
+		for _, msg := range msgs {
+			_ = msg.InProgress() // lost: the message may come again, and is handled as a repeat
+		}
 		t.Reset(every)
 	})
 	return func() {

@@ -9,7 +9,7 @@
 // comes back, and is published again, under the same key, if none comes
 // within SENDER_NATS_ANSWER_WAIT (growing with the attempts). Users'
 // answer links the student through the sender's inbox of replies
-// (relay.Engine.RecordReply), once however often the broker delivers it.
+// (relay.Engine.RecordReplies), once however often the broker delivers it.
 package usersnats
 
 import (
@@ -45,7 +45,7 @@ type Config struct {
 	// AnswerWait is the least a published row waits for Users' answer
 	// before it is published again.
 	AnswerWait time.Duration // SENDER_NATS_ANSWER_WAIT
-	// Workers is how many replies are recorded at once.
+	// Workers is how many batches of replies are recorded at once.
 	Workers int
 }
 
@@ -57,10 +57,10 @@ type Config struct {
 // slots for good, and enough of them would stop the reading of replies.
 const MaxReplyDeliveries = 5
 
-// Recorder records a reply, or parks one the sender cannot read:
+// Recorder records replies, or parks one the sender cannot read:
 // relay.Engine.
 type Recorder interface {
-	RecordReply(ctx context.Context, messageID, key uuid.UUID, a relay.Answer) (string, error)
+	RecordReplies(ctx context.Context, replies []relay.Reply) ([]string, error)
 	ParkReply(ctx context.Context, p natsbus.Parked) error
 }
 
@@ -326,16 +326,18 @@ func (t *Transport) readReplies(ctx context.Context, rec Recorder) error {
 	if !ok {
 		return nil // ctx ended while the broker was away
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(2 * t.cfg.Workers))
+	// Enough fetched for every recorder to fill a batch while another
+	// commits.
+	it, err := cons.Messages(jetstream.PullMaxMessages(t.cfg.Workers * ReplyBatch))
 	if err != nil {
 		return fmt.Errorf("read replies: %w", err)
 	}
-	msgs := make(chan jetstream.Msg)
+	msgs := make(chan jetstream.Msg, ReplyBatch)
 	var workers sync.WaitGroup
 	for range t.cfg.Workers {
 		workers.Go(func() {
 			for m := range msgs {
-				t.handle(ctx, rec, m)
+				t.handle(ctx, rec, gather(m, msgs))
 			}
 		})
 	}
@@ -348,6 +350,25 @@ func (t *Transport) readReplies(ctx context.Context, rec Recorder) error {
 	close(msgs)
 	workers.Wait()
 	return nil
+}
+
+// gather makes a batch of first and whatever else has been read already,
+// up to ReplyBatch: no waiting for more, so a lone reply is recorded at
+// once, and replies that come in numbers share a transaction.
+func gather(first jetstream.Msg, msgs <-chan jetstream.Msg) []jetstream.Msg {
+	batch := []jetstream.Msg{first}
+	for len(batch) < ReplyBatch {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, m)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 // messages yields what it reads until it is stopped (when ctx ends).
@@ -377,55 +398,76 @@ func (t *Transport) consumer(ctx context.Context) (jetstream.Consumer, bool) {
 	return cons, err == nil
 }
 
-// handle records one reply. The ack waits for the server's confirmation:
-// a reply whose ack was lost is delivered again, as a repeat.
-func (t *Transport) handle(ctx context.Context, rec Recorder, m jetstream.Msg) {
-	meta, err := m.Metadata()
-	if err != nil {
-		t.warn("read a reply's metadata", err)
+// ReplyBatch is how many replies at most one transaction records.
+const ReplyBatch = 64
+
+// handle records a batch of replies read together, in one transaction,
+// and acknowledges each once it committed. A reply whose ack is lost is
+// delivered again, as a repeat, which the sender's inbox of replies
+// catches. A reply the sender cannot read is handed back, or parked,
+// alone.
+func (t *Transport) handle(ctx context.Context, rec Recorder, batch []jetstream.Msg) {
+	replies := make([]relay.Reply, 0, len(batch))
+	read := make([]jetstream.Msg, 0, len(batch))
+	for _, m := range batch {
+		meta, err := m.Metadata()
+		if err != nil {
+			t.warn("read a reply's metadata", err)
+			continue
+		}
+		reply, id, err := decode(m)
+		if err != nil {
+			t.unreadable(ctx, rec, m, meta, err)
+			continue
+		}
+		// A refusal is a problem document, as Users' HTTP answer would be.
+		contentType := "application/json"
+		if reply.Status >= 400 {
+			contentType = httpapi.ProblemContentType
+		}
+		replies = append(replies, relay.Reply{MessageID: id, Key: reply.IdempotencyKey,
+			Answer: usershttp.Judge(reply.Status, contentType, reply.Body)})
+		read = append(read, m)
+	}
+	if len(replies) == 0 {
 		return
 	}
-	reply, id, err := decode(m)
-	if err != nil {
-		if meta.NumDelivered < MaxReplyDeliveries {
-			_ = m.NakWithDelay(time.Second)
-			return
-		}
-		why := err.Error()
-		if err := rec.ParkReply(context.WithoutCancel(ctx), natsbus.ParkedOf(m, meta, why)); err != nil {
-			t.warn("park a reply the sender cannot read; it is read again", err)
-			_ = m.NakWithDelay(time.Second)
-			return
-		}
-		t.undecodable.Inc()
-		t.log.Error("parked a reply the sender cannot read in parked_replies",
-			slog.String("stream", natsbus.ReplyStream), slog.Uint64("stream_seq", meta.Sequence.Stream),
-			slog.Uint64("deliveries", meta.NumDelivered), slog.String("error", why))
-		if err := m.TermWithReason("parked"); err != nil {
-			t.log.Warn("terminate a parked reply; its next delivery is parked again, once", slog.String("error", err.Error()))
-		}
-		return
-	}
-	// A refusal is a problem document, as Users' HTTP answer would be.
-	contentType := "application/json"
-	if reply.Status >= 400 {
-		contentType = httpapi.ProblemContentType
-	}
-	a := usershttp.Judge(reply.Status, contentType, reply.Body)
-	// Recorded whatever ctx does: a reply read is better recorded now.
+	// Recorded whatever ctx does: replies read are better recorded now.
 	// SENDER_DATABASE_TIMEOUT may exceed the ack wait.
-	stop := natsbus.KeepInProgress(m, natsbus.AckWait/3)
-	_, err = rec.RecordReply(context.WithoutCancel(ctx), id, reply.IdempotencyKey, a)
+	stop := natsbus.KeepInProgress(natsbus.AckWait/3, read...)
+	_, err := rec.RecordReplies(context.WithoutCancel(ctx), replies)
 	stop()
 	if err != nil {
-		t.warn("record a reply; it is read again", err)
+		t.warn("record replies; they are read again", err)
+		for _, m := range read {
+			_ = m.NakWithDelay(time.Second)
+		}
+		return
+	}
+	for _, m := range read {
+		_ = m.Ack()
+	}
+}
+
+// unreadable hands back a reply the sender cannot decode, or parks it
+// after MaxReplyDeliveries.
+func (t *Transport) unreadable(ctx context.Context, rec Recorder, m jetstream.Msg, meta *jetstream.MsgMetadata, err error) {
+	if meta.NumDelivered < MaxReplyDeliveries {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.cfg.Timeout)
-	defer cancel()
-	if err := m.DoubleAck(actx); err != nil {
-		t.log.Debug("ack a recorded reply; it comes again, as a repeat", slog.String("error", err.Error()))
+	why := err.Error()
+	if err := rec.ParkReply(context.WithoutCancel(ctx), natsbus.ParkedOf(m, meta, why)); err != nil {
+		t.warn("park a reply the sender cannot read; it is read again", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	t.undecodable.Inc()
+	t.log.Error("parked a reply the sender cannot read in parked_replies",
+		slog.String("stream", natsbus.ReplyStream), slog.Uint64("stream_seq", meta.Sequence.Stream),
+		slog.Uint64("deliveries", meta.NumDelivered), slog.String("error", why))
+	if err := m.TermWithReason("parked"); err != nil {
+		t.log.Warn("terminate a parked reply; its next delivery is parked again, once", slog.String("error", err.Error()))
 	}
 }
 

@@ -23,20 +23,30 @@ FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS leas
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
 RETURNING o.id;
 
--- name: LockRowForReply :one
--- The row an answer is for, locked for the reply's transaction, with its
--- student's current link.
-SELECT o.id, o.student_id, o.state, o.attempts, o.created_at, s.user_id AS student_user_id
+-- name: LockRowsForReplies :many
+-- The rows a batch of answers is for, locked for the batch's transaction,
+-- each with its student's current link. In id order, as every batch
+-- locks them, so that two batches wait for each other rather than
+-- deadlock.
+SELECT o.id, o.idempotency_key, o.student_id, o.state, o.attempts, o.created_at, s.user_id AS student_user_id
 FROM outbox o
 JOIN students s ON s.id = o.student_id
-WHERE o.idempotency_key = @idempotency_key
+WHERE o.idempotency_key = ANY(@idempotency_keys::uuid[])
+ORDER BY o.id
 FOR UPDATE OF o;
 
--- name: ReceiveReply :one
--- Enters a reply into the sender's inbox. No row back: the broker
--- delivered the same reply again, and it was applied already.
+-- name: RepliesReceived :many
+-- Which of these replies the sender's inbox holds already: the broker
+-- delivered them again, and they were applied.
+SELECT message_id FROM reply_inbox WHERE message_id = ANY(@message_ids::uuid[]);
+
+-- name: ReceiveReplies :many
+-- Enters replies into the sender's inbox, each with what it did. A reply
+-- that does not come back was entered by another transaction meanwhile.
 INSERT INTO reply_inbox (message_id, idempotency_key, outbox_id, outcome)
-VALUES (@message_id, @idempotency_key, sqlc.narg('outbox_id'), @outcome)
+SELECT d.message_id, d.idempotency_key, NULLIF(d.outbox_id, 0), d.outcome
+FROM (SELECT unnest(@message_ids::uuid[]) AS message_id, unnest(@idempotency_keys::uuid[]) AS idempotency_key,
+             unnest(@outbox_ids::bigint[]) AS outbox_id, unnest(@outcomes::text[]) AS outcome) d
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
 

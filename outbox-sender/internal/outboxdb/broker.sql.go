@@ -13,37 +13,55 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const lockRowForReply = `-- name: LockRowForReply :one
-SELECT o.id, o.student_id, o.state, o.attempts, o.created_at, s.user_id AS student_user_id
+const lockRowsForReplies = `-- name: LockRowsForReplies :many
+SELECT o.id, o.idempotency_key, o.student_id, o.state, o.attempts, o.created_at, s.user_id AS student_user_id
 FROM outbox o
 JOIN students s ON s.id = o.student_id
-WHERE o.idempotency_key = $1
+WHERE o.idempotency_key = ANY($1::uuid[])
+ORDER BY o.id
 FOR UPDATE OF o
 `
 
-type LockRowForReplyRow struct {
-	ID            int64
-	StudentID     uuid.UUID
-	State         string
-	Attempts      int32
-	CreatedAt     time.Time
-	StudentUserID uuid.NullUUID
+type LockRowsForRepliesRow struct {
+	ID             int64
+	IdempotencyKey uuid.UUID
+	StudentID      uuid.UUID
+	State          string
+	Attempts       int32
+	CreatedAt      time.Time
+	StudentUserID  uuid.NullUUID
 }
 
-// The row an answer is for, locked for the reply's transaction, with its
-// student's current link.
-func (q *Queries) LockRowForReply(ctx context.Context, db DBTX, idempotencyKey uuid.UUID) (LockRowForReplyRow, error) {
-	row := db.QueryRow(ctx, lockRowForReply, idempotencyKey)
-	var i LockRowForReplyRow
-	err := row.Scan(
-		&i.ID,
-		&i.StudentID,
-		&i.State,
-		&i.Attempts,
-		&i.CreatedAt,
-		&i.StudentUserID,
-	)
-	return i, err
+// The rows a batch of answers is for, locked for the batch's transaction,
+// each with its student's current link. In id order, as every batch
+// locks them, so that two batches wait for each other rather than
+// deadlock.
+func (q *Queries) LockRowsForReplies(ctx context.Context, db DBTX, idempotencyKeys []uuid.UUID) ([]LockRowsForRepliesRow, error) {
+	rows, err := db.Query(ctx, lockRowsForReplies, idempotencyKeys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LockRowsForRepliesRow
+	for rows.Next() {
+		var i LockRowsForRepliesRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.IdempotencyKey,
+			&i.StudentID,
+			&i.State,
+			&i.Attempts,
+			&i.CreatedAt,
+			&i.StudentUserID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const markDeadByReply = `-- name: MarkDeadByReply :execrows
@@ -124,32 +142,47 @@ func (q *Queries) PurgeReplies(ctx context.Context, db DBTX, arg PurgeRepliesPar
 	return result.RowsAffected(), nil
 }
 
-const receiveReply = `-- name: ReceiveReply :one
+const receiveReplies = `-- name: ReceiveReplies :many
 INSERT INTO reply_inbox (message_id, idempotency_key, outbox_id, outcome)
-VALUES ($1, $2, $3, $4)
+SELECT d.message_id, d.idempotency_key, NULLIF(d.outbox_id, 0), d.outcome
+FROM (SELECT unnest($1::uuid[]) AS message_id, unnest($2::uuid[]) AS idempotency_key,
+             unnest($3::bigint[]) AS outbox_id, unnest($4::text[]) AS outcome) d
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id
 `
 
-type ReceiveReplyParams struct {
-	MessageID      uuid.UUID
-	IdempotencyKey uuid.UUID
-	OutboxID       pgtype.Int8
-	Outcome        string
+type ReceiveRepliesParams struct {
+	MessageIds      []uuid.UUID
+	IdempotencyKeys []uuid.UUID
+	OutboxIds       []int64
+	Outcomes        []string
 }
 
-// Enters a reply into the sender's inbox. No row back: the broker
-// delivered the same reply again, and it was applied already.
-func (q *Queries) ReceiveReply(ctx context.Context, db DBTX, arg ReceiveReplyParams) (uuid.UUID, error) {
-	row := db.QueryRow(ctx, receiveReply,
-		arg.MessageID,
-		arg.IdempotencyKey,
-		arg.OutboxID,
-		arg.Outcome,
+// Enters replies into the sender's inbox, each with what it did. A reply
+// that does not come back was entered by another transaction meanwhile.
+func (q *Queries) ReceiveReplies(ctx context.Context, db DBTX, arg ReceiveRepliesParams) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, receiveReplies,
+		arg.MessageIds,
+		arg.IdempotencyKeys,
+		arg.OutboxIds,
+		arg.Outcomes,
 	)
-	var message_id uuid.UUID
-	err := row.Scan(&message_id)
-	return message_id, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var message_id uuid.UUID
+		if err := rows.Scan(&message_id); err != nil {
+			return nil, err
+		}
+		items = append(items, message_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const recordPublished = `-- name: RecordPublished :many
@@ -207,6 +240,32 @@ func (q *Queries) RecordPublished(ctx context.Context, db DBTX, arg RecordPublis
 			return nil, err
 		}
 		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const repliesReceived = `-- name: RepliesReceived :many
+SELECT message_id FROM reply_inbox WHERE message_id = ANY($1::uuid[])
+`
+
+// Which of these replies the sender's inbox holds already: the broker
+// delivered them again, and they were applied.
+func (q *Queries) RepliesReceived(ctx context.Context, db DBTX, messageIds []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, repliesReceived, messageIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var message_id uuid.UUID
+		if err := rows.Scan(&message_id); err != nil {
+			return nil, err
+		}
+		items = append(items, message_id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

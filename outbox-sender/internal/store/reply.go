@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxref/outboxref/internal/database"
@@ -47,7 +46,7 @@ const (
 // ReplyOutcomes lists what applying a reply can do.
 var ReplyOutcomes = []string{ReplyLinked, ReplyRefused, ReplyConflict, ReplySettled, ReplyIgnored, ReplyUnmatched, ReplyRepeat}
 
-// ReplyApplied is what ApplyReply did, and to which row.
+// ReplyApplied is what applying a reply did, and to which row.
 type ReplyApplied struct {
 	Outcome   string
 	OutboxID  int64
@@ -55,88 +54,155 @@ type ReplyApplied struct {
 	CreatedAt time.Time
 }
 
-// ApplyReply applies one of Users' answers, at most once per reply: in one
-// transaction it enters the reply in the sender's inbox of replies and, if
-// it was not there, settles the row the key names. Like a delivery over
+// ApplyReplies applies a batch of Users' answers, each at most once, in one
+// transaction: it enters each reply in the sender's inbox of replies and,
+// if it was not there, settles the row its key names. Like a delivery over
 // HTTP, a user id wins over any state but delivered (a dead-letter for age
 // written while the answer was on its way included), and is never linked
 // over another user: that is a conflict, dead-lettered. A refusal settles
-// only a row still waiting. A repeat of the reply changes nothing.
-func (s *Store) ApplyReply(ctx context.Context, actor string, r Reply) (ReplyApplied, error) {
+// only a row still waiting. A repeat of a reply changes nothing. It
+// returns what each reply did, in the batch's order.
+//
+// One transaction for many replies is what makes the broker's reply path
+// cheap when replies come in numbers: a handful of round trips and one
+// commit for the batch, not four and a commit per reply.
+func (s *Store) ApplyReplies(ctx context.Context, actor string, rs []Reply) ([]ReplyApplied, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
-	applied, err := s.applyReply(ctx, actor, r)
+	applied, err := s.applyReplies(ctx, actor, rs)
 	if err != nil {
-		return ReplyApplied{}, database.Classify(err)
+		return nil, database.Classify(err)
 	}
 	return applied, nil
 }
 
-func (s *Store) applyReply(ctx context.Context, actor string, r Reply) (ReplyApplied, error) {
+func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]ReplyApplied, error) {
 	tx, err := database.Begin(ctx, s.pool, nil)
 	defer tx.End(ctx)
 	if err != nil {
-		return ReplyApplied{}, err
+		return nil, err
 	}
-	var a ReplyApplied
-	row, err := s.q.LockRowForReply(ctx, tx, r.Key)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		a.Outcome = ReplyUnmatched
-	case err != nil:
-		return ReplyApplied{}, fmt.Errorf("lock the answered row: %w", err)
-	default:
-		a = ReplyApplied{Outcome: judgeReply(row, r), OutboxID: row.ID, Attempts: int(row.Attempts), CreatedAt: row.CreatedAt}
+	keys, ids := make([]uuid.UUID, 0, len(rs)), make([]uuid.UUID, 0, len(rs))
+	for _, r := range rs {
+		keys, ids = append(keys, r.Key), append(ids, r.MessageID)
 	}
-	in := outboxdb.ReceiveReplyParams{MessageID: r.MessageID, IdempotencyKey: r.Key, Outcome: a.Outcome}
-	if a.OutboxID != 0 {
-		in.OutboxID = pgtype.Int8{Int64: a.OutboxID, Valid: true}
+	// The rows first: a batch holding a repeat of a reply another batch
+	// is applying waits here for that one's commit, and then sees its
+	// reply in the inbox below.
+	locked, err := s.q.LockRowsForReplies(ctx, tx, keys)
+	if err != nil {
+		return nil, fmt.Errorf("lock the answered rows: %w", err)
 	}
-	if _, err := s.q.ReceiveReply(ctx, tx, in); errors.Is(err, pgx.ErrNoRows) {
-		return ReplyApplied{Outcome: ReplyRepeat, OutboxID: a.OutboxID}, nil
-	} else if err != nil {
-		return ReplyApplied{}, fmt.Errorf("receive reply: %w", err)
+	rows := make(map[uuid.UUID]*outboxdb.LockRowsForRepliesRow, len(locked))
+	for i := range locked {
+		rows[locked[i].IdempotencyKey] = &locked[i]
 	}
-	event := outboxdb.RecordEventsParams{Kind: "reply", Actor: actor, Keep: HistoryKeep}
-	switch a.Outcome {
-	case ReplyLinked:
-		linked, err := s.q.LinkStudents(ctx, tx, outboxdb.LinkStudentsParams{
-			OutboxIds: []int64{row.ID}, StudentIds: []uuid.UUID{row.StudentID}, UserIds: []uuid.UUID{r.UserID},
-		})
+	had, err := s.q.RepliesReceived(ctx, tx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up received replies: %w", err)
+	}
+	seen := make(map[uuid.UUID]bool, len(rs))
+	for _, id := range had {
+		seen[id] = true
+	}
+
+	out := make([]ReplyApplied, len(rs))
+	var link outboxdb.LinkStudentsParams
+	var linking []int // the replies link tries, by index in rs
+	for i, r := range rs {
+		row := rows[r.Key]
+		if row != nil {
+			out[i] = ReplyApplied{OutboxID: row.ID, Attempts: int(row.Attempts), CreatedAt: row.CreatedAt}
+		}
+		switch {
+		case seen[r.MessageID]:
+			out[i].Outcome = ReplyRepeat
+			continue
+		case row == nil:
+			out[i].Outcome = ReplyUnmatched
+		default:
+			out[i].Outcome = judgeReply(*row, r)
+		}
+		seen[r.MessageID] = true // the same reply twice in this batch
+		switch out[i].Outcome {
+		case ReplyLinked:
+			link.OutboxIds = append(link.OutboxIds, row.ID)
+			link.StudentIds = append(link.StudentIds, row.StudentID)
+			link.UserIds = append(link.UserIds, r.UserID)
+			linking = append(linking, i)
+			// A later reply in the batch for the same row sees it settled.
+			row.State, row.StudentUserID = outbox.StateDelivered, uuid.NullUUID{UUID: r.UserID, Valid: true}
+		case ReplyRefused, ReplyConflict:
+			row.State = outbox.StateDead
+		}
+	}
+	if len(linking) > 0 {
+		linked, err := s.q.LinkStudents(ctx, tx, link)
 		if err != nil {
-			return ReplyApplied{}, fmt.Errorf("link student: %w", err)
+			return nil, fmt.Errorf("link students: %w", err)
 		}
-		if len(linked) == 1 {
+		done := make(map[uuid.UUID]bool, len(linked))
+		for _, l := range linked {
+			done[l.StudentID] = true
+		}
+		for _, i := range linking {
+			if !done[rows[rs[i].Key].StudentID] {
+				out[i].Outcome = ReplyConflict // linked to another user since the lock
+			}
+		}
+	}
+
+	in := outboxdb.ReceiveRepliesParams{}
+	event := outboxdb.RecordEventsParams{Kind: "reply", Actor: actor, Keep: HistoryKeep}
+	for i, r := range rs {
+		if out[i].Outcome == ReplyRepeat {
+			continue
+		}
+		in.MessageIds = append(in.MessageIds, r.MessageID)
+		in.IdempotencyKeys = append(in.IdempotencyKeys, r.Key)
+		in.OutboxIds = append(in.OutboxIds, out[i].OutboxID)
+		in.Outcomes = append(in.Outcomes, out[i].Outcome)
+		row := rows[r.Key]
+		switch out[i].Outcome {
+		case ReplyLinked:
 			addEvent(&event, row, r.Key, outbox.OutcomeDelivered, "", "")
-			break
+		case ReplyConflict:
+			why := ConflictError(r.UserID)
+			if err := s.markDead(ctx, tx, row.ID, outbox.ReasonConflict, why); err != nil {
+				return nil, err
+			}
+			addEvent(&event, row, r.Key, outbox.OutcomeDead, outbox.ReasonConflict, why)
+		case ReplyRefused:
+			if err := s.markDead(ctx, tx, row.ID, r.Class, r.Error); err != nil {
+				return nil, err
+			}
+			addEvent(&event, row, r.Key, outbox.OutcomeDead, r.Class, r.Error)
 		}
-		// Linked to another user between the lock and the link.
-		a.Outcome = ReplyConflict
-		fallthrough
-	case ReplyConflict:
-		why := ConflictError(r.UserID)
-		if err := s.markDead(ctx, tx, row.ID, outbox.ReasonConflict, why); err != nil {
-			return ReplyApplied{}, err
+	}
+	if len(in.MessageIds) > 0 {
+		entered, err := s.q.ReceiveReplies(ctx, tx, in)
+		if err != nil {
+			return nil, fmt.Errorf("receive replies: %w", err)
 		}
-		addEvent(&event, row, r.Key, outbox.OutcomeDead, outbox.ReasonConflict, why)
-	case ReplyRefused:
-		if err := s.markDead(ctx, tx, row.ID, r.Class, r.Error); err != nil {
-			return ReplyApplied{}, err
+		if len(entered) != len(in.MessageIds) {
+			// Another transaction entered one of them meanwhile: only a
+			// reply that matched no row can get past the locks above, but
+			// whichever it was, this batch starts again and finds it.
+			return nil, errors.New("receive replies: another transaction received some of them meanwhile")
 		}
-		addEvent(&event, row, r.Key, outbox.OutcomeDead, r.Class, r.Error)
 	}
 	history := &database.Later{}
 	if len(event.OutboxIds) > 0 {
 		_ = s.q.RecordEvents(ctx, history, event) // queued: it cannot fail now
 	}
 	if err := tx.Commit(ctx, &history.Batch); err != nil {
-		return ReplyApplied{}, fmt.Errorf("record reply and commit: %w", err)
+		return nil, fmt.Errorf("record replies and commit: %w", err)
 	}
-	return a, nil
+	return out, nil
 }
 
 // judgeReply decides what a reply does to its row, locked.
-func judgeReply(row outboxdb.LockRowForReplyRow, r Reply) string {
+func judgeReply(row outboxdb.LockRowsForRepliesRow, r Reply) string {
 	waiting := row.State == outbox.StatePending || row.State == outbox.StatePublished
 	switch {
 	case row.State == outbox.StateDelivered:
@@ -165,7 +231,7 @@ func (s *Store) markDead(ctx context.Context, tx *database.Tx, id int64, class, 
 	return nil
 }
 
-func addEvent(ev *outboxdb.RecordEventsParams, row outboxdb.LockRowForReplyRow, key uuid.UUID, outcome, class, why string) {
+func addEvent(ev *outboxdb.RecordEventsParams, row *outboxdb.LockRowsForRepliesRow, key uuid.UUID, outcome, class, why string) {
 	ev.OutboxIds = append(ev.OutboxIds, row.ID)
 	ev.Attempts = append(ev.Attempts, row.Attempts)
 	ev.Outcomes = append(ev.Outcomes, outcome)

@@ -236,7 +236,7 @@ func (c *commands) handle(ctx context.Context, msg jetstream.Msg) {
 	// so), longer than the consumer's ack wait: the broker would hand it
 	// to another Users meanwhile, which would wait on the first and then
 	// replay. Saying it is in progress keeps it here.
-	stop := natsbus.KeepInProgress(msg, c.progressEvery)
+	stop := natsbus.KeepInProgress(c.progressEvery, msg)
 	outcome, err := c.apply(ctx, cmd)
 	stop()
 	span.SetAttributes(attribute.String("outcome", outcome))
