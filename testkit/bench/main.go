@@ -83,6 +83,7 @@ type options struct {
 	cdc              bool
 	baseline         string
 	env              string
+	baselineEnv      string
 
 	soak       bool
 	students   int
@@ -106,6 +107,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	fs.DurationVar(&o.idleWindow, "idle-window", 20*time.Second, "idle CPU: sampling window")
 	fs.BoolVar(&o.cdc, "cdc", true, "burndown, latency and idle CPU also with SENDER_SOURCE=cdc, beside the default poll (needs wal_level=logical)")
 	fs.StringVar(&o.baseline, "baseline", "", "measure only the costs (burndown, latency, CPU per student; poll), of this checkout beside the binaries of this git commit, in turn")
+	fs.StringVar(&o.baselineEnv, "baseline-env", "", "with -baseline: more variables for the baseline's processes, as -env gives this checkout's (the same setting on both sides measures a change under it)")
 	fs.StringVar(&o.env, "env", "", "with -baseline: more variables for this checkout's processes, as NAME=VALUE,NAME=VALUE (a setting measured against the baseline's defaults)")
 	fs.BoolVar(&o.soak, "soak", false, "run the soak instead: -students through the whole system at -rate")
 	fs.IntVar(&o.students, "students", 1_000_000, "soak: students to send")
@@ -128,17 +130,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	if o.baseline != "" && o.soak {
 		return errors.New("-baseline compares the bench's measures, not the soak: use one or the other")
 	}
-	var thisEnv []string
-	if o.env != "" {
-		if o.baseline == "" {
-			return errors.New("-env sets variables for this checkout beside a baseline: give -baseline too")
-		}
-		for kv := range strings.SplitSeq(o.env, ",") {
-			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
-				return fmt.Errorf("-env: %q is not NAME=VALUE", kv)
-			}
-			thisEnv = append(thisEnv, kv)
-		}
+	if (o.env != "" || o.baselineEnv != "") && o.baseline == "" {
+		return errors.New("-env and -baseline-env set variables beside a baseline: give -baseline too")
+	}
+	thisEnv, err := envList("-env", o.env)
+	if err != nil {
+		return err
+	}
+	baseEnv, err := envList("-baseline-env", o.baselineEnv)
+	if err != nil {
+		return err
 	}
 
 	// A throwaway server of its own, durable as a deployment is: the test
@@ -214,7 +215,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	if err := buildBinaries(ctx, root, dir); err != nil {
 		return err
 	}
-	if slices.Contains(thisEnv, "SENDER_TRANSPORT=nats") {
+	if slices.Contains(thisEnv, "SENDER_TRANSPORT=nats") || slices.Contains(baseEnv, "SENDER_TRANSPORT=nats") {
 		if err := buildBroker(ctx, root, dir); err != nil {
 			return err
 		}
@@ -229,6 +230,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		if berr != nil {
 			return berr
 		}
+		base.env = baseEnv
 		err = b.compare(ctx, o, []build{base, {name: "this", bins: dir, env: thisEnv}}, desc)
 	default:
 		err = b.measure(ctx, o)
@@ -679,4 +681,19 @@ func msMedian(ds []time.Duration) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", msFloat(medianDuration(ds, func(d time.Duration) time.Duration { return d })))
+}
+
+// envList reads NAME=VALUE,NAME=VALUE as flag gives it.
+func envList(flag, list string) ([]string, error) {
+	var env []string
+	if list == "" {
+		return nil, nil
+	}
+	for kv := range strings.SplitSeq(list, ",") {
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+			return nil, fmt.Errorf("%s: %q is not NAME=VALUE", flag, kv)
+		}
+		env = append(env, kv)
+	}
+	return env, nil
 }
