@@ -10,6 +10,14 @@
 -- An unread row was not published again: the command the broker took
 -- before is still unread by Users, so the row keeps that publish (its
 -- time and sequence) and the claim does not count as an attempt.
+WITH locked AS MATERIALIZED (
+    -- The rows locked first, in id order, as a batch of replies locks
+    -- them (LockRowsForReplies): a reply that overtakes the recording of
+    -- its publish is common, and the two then wait for each other rather
+    -- than deadlock. The update's own plan would lock them in whatever
+    -- order it scans them.
+    SELECT id FROM outbox WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE
+)
 UPDATE outbox o
 SET state = 'published',
     published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
@@ -20,6 +28,7 @@ SET state = 'published',
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
              unnest(@seqs::bigint[]) AS seq, unnest(@waits::interval[]) AS wait,
              unnest(@unread::boolean[]) AS unread) d
+JOIN locked l ON l.id = d.id
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
 RETURNING o.id;
 

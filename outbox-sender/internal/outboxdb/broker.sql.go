@@ -187,6 +187,14 @@ func (q *Queries) ReceiveReplies(ctx context.Context, db DBTX, arg ReceiveReplie
 
 const recordPublished = `-- name: RecordPublished :many
 
+WITH locked AS MATERIALIZED (
+    -- The rows locked first, in id order, as a batch of replies locks
+    -- them (LockRowsForReplies): a reply that overtakes the recording of
+    -- its publish is common, and the two then wait for each other rather
+    -- than deadlock. The update's own plan would lock them in whatever
+    -- order it scans them.
+    SELECT id FROM outbox WHERE id = ANY($2::bigint[]) ORDER BY id FOR UPDATE
+)
 UPDATE outbox o
 SET state = 'published',
     published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
@@ -197,6 +205,7 @@ SET state = 'published',
 FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::uuid[]) AS lease_token,
              unnest($4::bigint[]) AS seq, unnest($5::interval[]) AS wait,
              unnest($6::boolean[]) AS unread) d
+JOIN locked l ON l.id = d.id
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
 RETURNING o.id
 `
