@@ -510,9 +510,9 @@ func TestBrokerMetricsAreDocumented(t *testing.T) {
 // rows at the same moment. Both lock them in id order, so they wait for
 // each other: no deadlock, which PostgreSQL would break after a second
 // by failing one of them (before the recording of publishes locked its
-// rows in order, a few thousand students met two or three).
+// rows in order, a few thousand students met two or three). Not parallel:
+// its load would starve the tests that measure how claims batch.
 func TestBrokerRepliesAndRecordingsDoNotDeadlock(t *testing.T) {
-	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
 	srv := natsserver.ForTest(t)
 	newBrokerUsers(t, srv, nil)
