@@ -108,7 +108,7 @@ const (
 	// Permanent: the same request will fail again; the row is dead-lettered.
 	Permanent
 	// Published: a broker took the command; Users' answer comes later, on
-	// the reply stream, and the engine records it then (RecordReply).
+	// the reply stream, and the engine records it then (RecordReplies).
 	// RetryAfter is how long the row waits for it before it is published
 	// again.
 	Published

@@ -85,8 +85,8 @@ func New(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Relay {
 	return r
 }
 
-// recordWorkers is how many of Users' replies the NATS transport records
-// at once, as many as the engine's recorders.
+// recordWorkers is how many batches of Users' replies the NATS transport
+// records at once, as many as the engine's recorders.
 const recordWorkers = 4
 
 // Run delivers until ctx ends (see relay.Engine.Run). With the broker, it

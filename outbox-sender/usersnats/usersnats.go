@@ -326,9 +326,10 @@ func (t *Transport) readReplies(ctx context.Context, rec Recorder) error {
 	if !ok {
 		return nil // ctx ended while the broker was away
 	}
-	// Enough fetched for every recorder to fill a batch while another
-	// commits.
-	it, err := cons.Messages(jetstream.PullMaxMessages(t.cfg.Workers * ReplyBatch))
+	// A batch's worth fetched ahead, no more: a reply waiting in the
+	// client's buffer is not kept in progress, and must be recorded well
+	// within the ack wait.
+	it, err := cons.Messages(jetstream.PullMaxMessages(ReplyBatch))
 	if err != nil {
 		return fmt.Errorf("read replies: %w", err)
 	}

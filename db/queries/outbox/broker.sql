@@ -1,6 +1,14 @@
 -- The broker transport's queries (SENDER_TRANSPORT=nats): a publish the
 -- broker acknowledged, and Users' answers read from the reply stream.
 
+-- name: LockRowsForRecord :many
+-- Locks the rows of a recording in id order, as a batch of replies locks
+-- them (LockRowsForReplies). With the broker, a reply often overtakes the
+-- recording of its publish, or of a failed publish the broker took after
+-- all; the two then wait for each other rather than deadlock, which each
+-- statement's own plan, locking rows in the order it scans them, allowed.
+SELECT id FROM outbox WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE;
+
 -- name: RecordPublished :many
 -- The broker holds these rows' commands: each waits as published for
 -- Users' answer, and is due again (published once more, same key) after
@@ -10,14 +18,6 @@
 -- An unread row was not published again: the command the broker took
 -- before is still unread by Users, so the row keeps that publish (its
 -- time and sequence) and the claim does not count as an attempt.
-WITH locked AS MATERIALIZED (
-    -- The rows locked first, in id order, as a batch of replies locks
-    -- them (LockRowsForReplies): a reply that overtakes the recording of
-    -- its publish is common, and the two then wait for each other rather
-    -- than deadlock. The update's own plan would lock them in whatever
-    -- order it scans them.
-    SELECT id FROM outbox WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE
-)
 UPDATE outbox o
 SET state = 'published',
     published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
@@ -28,7 +28,6 @@ SET state = 'published',
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
              unnest(@seqs::bigint[]) AS seq, unnest(@waits::interval[]) AS wait,
              unnest(@unread::boolean[]) AS unread) d
-JOIN locked l ON l.id = d.id
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
 RETURNING o.id;
 

@@ -13,6 +13,38 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const lockRowsForRecord = `-- name: LockRowsForRecord :many
+
+SELECT id FROM outbox WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+`
+
+// The broker transport's queries (SENDER_TRANSPORT=nats): a publish the
+// broker acknowledged, and Users' answers read from the reply stream.
+// Locks the rows of a recording in id order, as a batch of replies locks
+// them (LockRowsForReplies). With the broker, a reply often overtakes the
+// recording of its publish, or of a failed publish the broker took after
+// all; the two then wait for each other rather than deadlock, which each
+// statement's own plan, locking rows in the order it scans them, allowed.
+func (q *Queries) LockRowsForRecord(ctx context.Context, db DBTX, ids []int64) ([]int64, error) {
+	rows, err := db.Query(ctx, lockRowsForRecord, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const lockRowsForReplies = `-- name: LockRowsForReplies :many
 SELECT o.id, o.idempotency_key, o.student_id, o.state, o.attempts, o.created_at, s.user_id AS student_user_id
 FROM outbox o
@@ -186,15 +218,6 @@ func (q *Queries) ReceiveReplies(ctx context.Context, db DBTX, arg ReceiveReplie
 }
 
 const recordPublished = `-- name: RecordPublished :many
-
-WITH locked AS MATERIALIZED (
-    -- The rows locked first, in id order, as a batch of replies locks
-    -- them (LockRowsForReplies): a reply that overtakes the recording of
-    -- its publish is common, and the two then wait for each other rather
-    -- than deadlock. The update's own plan would lock them in whatever
-    -- order it scans them.
-    SELECT id FROM outbox WHERE id = ANY($2::bigint[]) ORDER BY id FOR UPDATE
-)
 UPDATE outbox o
 SET state = 'published',
     published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
@@ -205,7 +228,6 @@ SET state = 'published',
 FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::uuid[]) AS lease_token,
              unnest($4::bigint[]) AS seq, unnest($5::interval[]) AS wait,
              unnest($6::boolean[]) AS unread) d
-JOIN locked l ON l.id = d.id
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
 RETURNING o.id
 `
@@ -219,8 +241,6 @@ type RecordPublishedParams struct {
 	Unread      []bool
 }
 
-// The broker transport's queries (SENDER_TRANSPORT=nats): a publish the
-// broker acknowledged, and Users' answers read from the reply stream.
 // The broker holds these rows' commands: each waits as published for
 // Users' answer, and is due again (published once more, same key) after
 // its wait, never past its max age. Only the lease holder records it, and

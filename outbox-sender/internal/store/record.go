@@ -76,6 +76,17 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 	}
 	rec := Recorded{Applied: map[int64]bool{}, Conflicts: map[int64]uuid.UUID{}}
 	w := sortResults(batch)
+	if w.brokered {
+		// One more round trip, only with the broker, where replies are
+		// applied beside recordings (LockRowsForRecord).
+		ids := make([]int64, len(batch))
+		for i, r := range batch {
+			ids[i] = r.Row.ID
+		}
+		if _, err := s.q.LockRowsForRecord(ctx, tx, ids); err != nil {
+			return Recorded{}, fmt.Errorf("lock the recorded rows: %w", err)
+		}
+	}
 	w.retries.MaxAge = l.MaxAge
 	if err := s.link(ctx, tx, w, &rec); err != nil {
 		return Recorded{}, err
@@ -134,6 +145,9 @@ type writes struct {
 	releases outboxdb.ReleaseParams
 	// published are the rows whose commands the broker acknowledged.
 	published outboxdb.RecordPublishedParams
+	// brokered: the batch came through the broker transport (a publish,
+	// or a publish that failed).
+	brokered bool
 }
 
 func sortResults(batch []Result) *writes {
@@ -146,6 +160,8 @@ func sortResults(batch []Result) *writes {
 			w.link.UserIds = append(w.link.UserIds, r.UserID)
 			w.linkRows[r.Row.StudentID] = r.Row
 		case outbox.OutcomeRetry:
+			// A failed publish the broker may have taken after all.
+			w.brokered = w.brokered || r.Class == outbox.ReasonBrokerUnreachable || r.Class == outbox.ReasonBrokerFull
 			w.retries.Ids = append(w.retries.Ids, r.Row.ID)
 			w.retries.LeaseTokens = append(w.retries.LeaseTokens, r.Row.LeaseToken)
 			w.retries.Delays = append(w.retries.Delays, r.Delay)
@@ -154,12 +170,14 @@ func sortResults(batch []Result) *writes {
 		case outbox.OutcomeDead:
 			w.dead(r.Row.ID, r.Row.LeaseToken, r.Error, r.Class)
 		case outbox.OutcomePublished:
+			w.brokered = true
 			w.published.Ids = append(w.published.Ids, r.Row.ID)
 			w.published.LeaseTokens = append(w.published.LeaseTokens, r.Row.LeaseToken)
 			w.published.Seqs = append(w.published.Seqs, int64(r.Seq)) //nolint:gosec // a stream's sequence stays far below 2^63
 			w.published.Waits = append(w.published.Waits, r.Delay)
 			w.published.Unread = append(w.published.Unread, false)
 		case outbox.OutcomeUnread:
+			w.brokered = true
 			w.published.Ids = append(w.published.Ids, r.Row.ID)
 			w.published.LeaseTokens = append(w.published.LeaseTokens, r.Row.LeaseToken)
 			w.published.Seqs = append(w.published.Seqs, 0) // the row keeps its last publish's

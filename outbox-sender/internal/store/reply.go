@@ -64,8 +64,9 @@ type ReplyApplied struct {
 // returns what each reply did, in the batch's order.
 //
 // One transaction for many replies is what makes the broker's reply path
-// cheap when replies come in numbers: a handful of round trips and one
-// commit for the batch, not four and a commit per reply.
+// cheap when replies come in numbers: four round trips and one commit for
+// the batch (and one more per refusal or conflict), not four and a commit
+// per reply.
 func (s *Store) ApplyReplies(ctx context.Context, actor string, rs []Reply) ([]ReplyApplied, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
