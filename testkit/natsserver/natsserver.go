@@ -13,8 +13,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -207,61 +205,6 @@ func randomHex() string {
 	return hex.EncodeToString(b)
 }
 
-// Cluster is several servers routed to each other, with JetStream
-// clustered across them: streams with three replicas survive the loss of
-// one server.
-type Cluster struct {
-	Nodes []*Server
-	// URL lists every node's client URL, comma-separated, as clients
-	// take it (SENDER_NATS_URL, USERS_NATS_URL).
-	URL string
-	// Passwords are each NATS user's password, the same on every node.
-	Passwords map[string]auth.Secret
-}
-
-// StartCluster starts n nodes on free ports under dir, routed to each
-// other, and provisions the streams and consumers with n replicas.
-func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
-	pw := RandomPasswords()
-	clientPorts, routePorts := make([]int, n), make([]int, n)
-	for i := range n {
-		var err error
-		if clientPorts[i], err = freePort(); err != nil {
-			return nil, err
-		}
-		if routePorts[i], err = freePort(); err != nil {
-			return nil, err
-		}
-	}
-	c := &Cluster{Passwords: pw}
-	var urls []string
-	for i := range n {
-		routes := make([]string, 0, n-1)
-		for j := range n {
-			if j != i {
-				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[j]))
-			}
-		}
-		o := Options{
-			Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), Port: clientPorts[i], Passwords: pw,
-			Name: fmt.Sprintf("n%d", i+1), ClusterPort: routePorts[i], Routes: routes,
-		}
-		s, err := StartNode(o)
-		if err != nil {
-			c.Stop()
-			return nil, err
-		}
-		c.Nodes = append(c.Nodes, s)
-		urls = append(urls, s.URL)
-	}
-	c.URL = strings.Join(urls, ",")
-	if err := ProvisionCluster(ctx, c.URL, pw[AdminUser], n); err != nil {
-		c.Stop()
-		return nil, err
-	}
-	return c, nil
-}
-
 // StartNode starts one node of a cluster (o.Name, o.ClusterPort and
 // o.Routes set) and returns once it takes connections. Nothing is
 // provisioned: a cluster's streams are made once, for every node
@@ -306,25 +249,4 @@ func RandomPasswords() map[string]auth.Secret {
 		pw[name] = auth.Secret(randomHex())
 	}
 	return pw
-}
-
-// Config is how the process with NATS user name connects to the cluster.
-func (c *Cluster) Config(user, connName string) natsbus.Config {
-	return natsbus.Config{URL: c.URL, User: user, Password: c.Passwords[user], Name: connName}
-}
-
-// Stop stops every node.
-func (c *Cluster) Stop() {
-	for _, s := range c.Nodes {
-		s.Stop()
-	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

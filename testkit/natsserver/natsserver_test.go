@@ -2,13 +2,20 @@ package natsserver_test
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/natsbus"
+	"github.com/outboxref/outboxref/testkit/freeport"
 	"github.com/outboxref/outboxref/testkit/natsserver"
 )
 
@@ -18,11 +25,9 @@ func TestClusterSurvivesANode(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := natsserver.StartCluster(ctx, t.TempDir(), 3)
-	require.NoError(t, err)
-	t.Cleanup(c.Stop)
+	nodes, urls, pw := startCluster(ctx, t, 3)
 
-	nc, err := natsbus.Connect(c.Config(natsbus.SenderUser, "test"))
+	nc, err := natsbus.Connect(natsbus.Config{URL: urls, User: natsbus.SenderUser, Password: pw[natsbus.SenderUser], Name: "test"})
 	require.NoError(t, err)
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -37,17 +42,60 @@ func TestClusterSurvivesANode(t *testing.T) {
 		}, 30*time.Second, 100*time.Millisecond)
 	}
 	publish()
-	c.Nodes[0].Stop()
+	nodes[0].Stop()
 	publish()
 	publish()
-	require.NoError(t, c.Nodes[0].Restart(ctx))
+	require.NoError(t, nodes[0].Restart(ctx))
 	publish()
 
-	_, admin := c.Nodes[1].Admin(t)
+	_, admin := nodes[1].Admin(t)
 	s, err := admin.Stream(ctx, natsbus.CommandStream)
 	require.NoError(t, err)
 	info, err := s.Info(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, info.Config.Replicas)
 	require.Equal(t, uint64(4), info.State.Msgs, "every acknowledged publish is in the stream")
+}
+
+// startCluster starts n nodes under dir as b8's natsd processes start
+// them (StartNode, each routed to the others), and provisions them once
+// (ProvisionCluster).
+func startCluster(ctx context.Context, t *testing.T, n int) (nodes []*natsserver.Server, urls string, pw map[string]auth.Secret) {
+	t.Helper()
+	pw = natsserver.RandomPasswords()
+	clientPorts, routePorts := make([]int, n), make([]int, n)
+	for i := range n {
+		clientPorts[i], routePorts[i] = port(t), port(t)
+	}
+	var all []string
+	for i := range n {
+		var routes []string
+		for j := range n {
+			if j != i {
+				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[j]))
+			}
+		}
+		s, err := natsserver.StartNode(natsserver.Options{
+			Dir: filepath.Join(t.TempDir(), fmt.Sprintf("n%d", i+1)), Port: clientPorts[i], Passwords: pw,
+			Name: fmt.Sprintf("n%d", i+1), ClusterPort: routePorts[i], Routes: routes,
+		})
+		require.NoError(t, err)
+		t.Cleanup(s.Stop)
+		nodes = append(nodes, s)
+		all = append(all, s.URL)
+	}
+	urls = strings.Join(all, ",")
+	require.NoError(t, natsserver.ProvisionCluster(ctx, urls, pw[natsserver.AdminUser], n))
+	return nodes, urls, pw
+}
+
+func port(t *testing.T) int {
+	t.Helper()
+	addr, err := freeport.Addr()
+	require.NoError(t, err)
+	_, p, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	n, err := strconv.Atoi(p)
+	require.NoError(t, err)
+	return n
 }
