@@ -58,3 +58,66 @@ func TestApplyRepliesInOneBatch(t *testing.T) {
 	}
 	require.Equal(t, 5, count(t, pool, "SELECT count(*) FROM reply_inbox"))
 }
+
+// TestApplyRepliesRecordWhatEachDid: a conflict dead-letters its row and
+// keeps the student's user; a refusal and then a user id for the same row
+// in one batch end as they would one by one (the user id wins); an answer
+// that settles nothing leaves its row waiting; and the reply inbox and the
+// row's history record what each reply did.
+func TestApplyRepliesRecordWhatEachDid(t *testing.T) {
+	t.Parallel()
+	pool, s, students := newStore(t, 4)
+	ctx := context.Background()
+	keyOf := func(student uuid.UUID) uuid.UUID {
+		var k uuid.UUID
+		require.NoError(t, pool.QueryRow(ctx, "SELECT idempotency_key FROM outbox WHERE student_id = $1", student).Scan(&k))
+		return k
+	}
+	d, e, f, g := keyOf(students[0]), keyOf(students[1]), keyOf(students[2]), keyOf(students[3])
+	taken := uuid.New() // d's student is linked to this user already
+	_, err := pool.Exec(ctx, "UPDATE students SET user_id = $1 WHERE id = $2", taken, students[0])
+	require.NoError(t, err)
+	userE, userF := uuid.New(), uuid.New()
+
+	batch := []Reply{
+		{MessageID: uuid.New(), Key: d, Outcome: outbox.OutcomeDelivered, UserID: uuid.New()},
+		{MessageID: uuid.New(), Key: e, Outcome: outbox.OutcomeDead, Class: outbox.ReasonRefused, Error: "taken"},
+		{MessageID: uuid.New(), Key: e, Outcome: outbox.OutcomeDelivered, UserID: userE},
+		{MessageID: uuid.New(), Key: f, Outcome: outbox.OutcomeDelivered, UserID: userF},
+		{MessageID: uuid.New(), Key: f, Outcome: outbox.OutcomeDelivered, UserID: uuid.New()},
+		{MessageID: uuid.New(), Key: g, Outcome: outbox.OutcomeRetry},
+	}
+	applied, err := s.ApplyReplies(ctx, "test", batch)
+	require.NoError(t, err)
+	want := []string{ReplyConflict, ReplyRefused, ReplyLinked, ReplyLinked, ReplySettled, ReplyIgnored}
+	for i, r := range applied {
+		require.Equal(t, want[i], r.Outcome, "reply %d", i)
+		var inbox string
+		require.NoError(t, pool.QueryRow(ctx, "SELECT outcome FROM reply_inbox WHERE message_id = $1", batch[i].MessageID).Scan(&inbox))
+		require.Equal(t, want[i], inbox, "reply %d as the inbox records it", i)
+	}
+
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE id = $1 AND user_id = $2", students[0], taken), "a conflict keeps the student's user")
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE idempotency_key = $1 AND state = 'dead' AND reason_class = $2", d, outbox.ReasonConflict))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE id = $1 AND user_id = $2", students[1], userE), "the user id wins over the refusal")
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE idempotency_key = $1 AND state = 'delivered' AND reason_class IS NULL", e))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE id = $1 AND user_id = $2", students[2], userF), "the first user id is kept")
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE idempotency_key = $1 AND state = 'pending'", g), "an answer that settles nothing leaves the row waiting")
+
+	history := func(key uuid.UUID) []string {
+		rows, err := pool.Query(ctx, "SELECT e.outcome || coalesce('/' || e.reason_class, '') FROM outbox_events e JOIN outbox o ON o.id = e.outbox_id WHERE o.idempotency_key = $1 AND e.kind = 'reply' ORDER BY e.id", key)
+		require.NoError(t, err)
+		var out []string
+		for rows.Next() {
+			var s string
+			require.NoError(t, rows.Scan(&s))
+			out = append(out, s)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	require.Equal(t, []string{"dead/conflict"}, history(d))
+	require.Equal(t, []string{"dead/refused", "delivered"}, history(e), "in the order the replies came")
+	require.Equal(t, []string{"delivered"}, history(f))
+	require.Empty(t, history(g))
+}
