@@ -162,3 +162,54 @@ func TestRedacted(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "nats://[redacted]@a:4222,nats://b:4222", natsbus.Redacted("nats://u:secret@a:4222,nats://b:4222"))
 }
+
+// Publish sends each message with its ID as Nats-Msg-Id and its key as
+// Idempotency-Key, answers each in order, and tells a repeat, a stream
+// that is not the one expected, and a full stream apart.
+func TestPublish(t *testing.T) {
+	t.Parallel()
+	srv := natsserver.ForTest(t)
+	_, js := srv.Admin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	header := nats.Header{}
+	header.Set(natsbus.HeaderAttempt, "3")
+	msg := func(id string) natsbus.Message {
+		return natsbus.Message{Subject: natsbus.CreateUserSubject, ID: id, Key: "key-" + id, Data: []byte(`{}`), Header: header}
+	}
+	acks := natsbus.Publish(ctx, js, natsbus.CommandStream, []natsbus.Message{msg("a"), msg("b"), msg("a")})
+	require.Len(t, acks, 3)
+	for _, a := range acks {
+		require.NoError(t, a.Err)
+	}
+	require.False(t, acks[0].Duplicate)
+	require.False(t, acks[1].Duplicate)
+	require.True(t, acks[2].Duplicate, "the same ID again is a repeat")
+	require.Equal(t, acks[0].Seq, acks[2].Seq, "a repeat answers with the first one's place")
+	require.NotEqual(t, acks[0].Seq, acks[1].Seq)
+
+	stream, err := js.Stream(ctx, natsbus.CommandStream)
+	require.NoError(t, err)
+	stored, err := stream.GetMsg(ctx, acks[1].Seq)
+	require.NoError(t, err)
+	require.Equal(t, "b", stored.Header.Get(jetstream.MsgIDHeader))
+	require.Equal(t, "key-b", stored.Header.Get(natsbus.HeaderKey))
+	require.Equal(t, "3", stored.Header.Get(natsbus.HeaderAttempt))
+	require.Empty(t, header.Get(natsbus.HeaderKey), "the caller's header is left as it was")
+
+	wrong := natsbus.Publish(ctx, js, natsbus.ReplyStream, []natsbus.Message{msg("c")})
+	require.Error(t, wrong[0].Err, "a command is not for the reply stream")
+	require.False(t, natsbus.StreamFull(wrong[0].Err))
+
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "FULL", Subjects: []string{"full.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew, Storage: jetstream.MemoryStorage,
+	})
+	require.NoError(t, err)
+	full := natsbus.Publish(ctx, js, "FULL", []natsbus.Message{
+		{Subject: "full.x", ID: "1", Key: "k1"}, {Subject: "full.x", ID: "2", Key: "k2"},
+	})
+	require.NoError(t, full[0].Err)
+	require.Error(t, full[1].Err)
+	require.True(t, natsbus.StreamFull(full[1].Err), "%v", full[1].Err)
+}

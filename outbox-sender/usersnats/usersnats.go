@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -100,7 +99,9 @@ func New(log *slog.Logger, cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	// The timeout ends a publish whose acknowledgement never comes (lost
+	// with a connection) within the client as well as for its caller.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(cfg.Timeout))
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
@@ -156,20 +157,22 @@ func (t *Transport) Deliver(ctx context.Context, row store.Row) relay.Answer {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.cfg.Timeout)
 	defer cancel()
 	key := row.IdempotencyKey.String()
-	msg := nats.NewMsg(natsbus.CreateUserSubject)
-	msg.Data = row.Payload
-	msg.Header.Set(natsbus.HeaderKey, key)
-	msg.Header.Set(natsbus.HeaderAttempt, strconv.Itoa(row.Attempts))
+	header := nats.Header{}
+	header.Set(natsbus.HeaderAttempt, strconv.Itoa(row.Attempts))
 	if !row.ExpiresAt.IsZero() {
-		msg.Header.Set(natsbus.HeaderExpires, row.ExpiresAt.UTC().Format(time.RFC3339Nano))
+		header.Set(natsbus.HeaderExpires, row.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	}
-	telemetry.Inject(pctx, natsbus.HTTPHeader(msg.Header)) // Users continues the attempt's trace
+	telemetry.Inject(pctx, natsbus.HTTPHeader(header)) // Users continues the attempt's trace
 	start := time.Now()
-	ack, err := t.js.PublishMsg(pctx, msg, jetstream.WithMsgID(key), jetstream.WithExpectStream(natsbus.CommandStream))
+	// The command's message id is the row's idempotency key: each row
+	// carries one operation, so the key is the row's own.
+	ack := natsbus.Publish(pctx, t.js, natsbus.CommandStream, []natsbus.Message{{
+		Subject: natsbus.CreateUserSubject, ID: key, Key: key, Data: row.Payload, Header: header,
+	}})[0]
 	t.publish.Observe(time.Since(start).Seconds())
-	if err != nil {
+	if err := ack.Err; err != nil {
 		class := outbox.ReasonBrokerUnreachable
-		if streamFull(err) {
+		if natsbus.StreamFull(err) {
 			class = outbox.ReasonBrokerFull
 		}
 		return relay.Answer{Verdict: relay.Transient, Class: class,
@@ -178,19 +181,7 @@ func (t *Transport) Deliver(ctx context.Context, row store.Row) relay.Answer {
 	if ack.Duplicate {
 		t.duplicates.Inc()
 	}
-	return relay.Answer{Verdict: relay.Published, Seq: ack.Sequence, RetryAfter: t.cfg.AnswerWait}
-}
-
-// errStoreFailed is JetStream's error code for a message its stream
-// would not store; a full stream (discard new) says why in the
-// description.
-const errStoreFailed = 10077
-
-// streamFull says whether the broker refused a publish because the
-// stream is at its byte (or message) limit.
-func streamFull(err error) bool {
-	var api *jetstream.APIError
-	return errors.As(err, &api) && api.ErrorCode == errStoreFailed && strings.HasPrefix(api.Description, "maximum ")
+	return relay.Answer{Verdict: relay.Published, Seq: ack.Seq, RetryAfter: t.cfg.AnswerWait}
 }
 
 // floorFresh is how long a look at the command stream is used for. The

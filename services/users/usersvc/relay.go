@@ -14,9 +14,9 @@ import (
 )
 
 // relay publishes Users' outbox (the answers to commands) to the reply
-// stream, with the sender's relay's discipline: each answer's message id as
-// Nats-Msg-Id, its key as Idempotency-Key, marked published only once the
-// broker acknowledged it. An answer published but not marked (the process
+// stream through the sender's publish step (natsbus.Publish), so with its
+// discipline: each answer's message id as Nats-Msg-Id, its key as
+// Idempotency-Key, marked published only once the broker acknowledged it. An answer published but not marked (the process
 // died in between) is published again, and JetStream's window or the
 // sender's reply inbox filters it.
 type relay struct {
@@ -81,35 +81,27 @@ func (r *relay) once(ctx context.Context) (int, error) {
 	return claimed, err
 }
 
-// publish publishes answers at once and waits for the broker's
-// acknowledgements (bounded by the relay's transaction); it returns the ids
-// of those acknowledged.
+// publish publishes answers at once, the way the sender publishes its
+// commands (natsbus.Publish), and waits for the broker's
+// acknowledgements (bounded by the relay's transaction); it returns the
+// ids of those acknowledged.
 func (r *relay) publish(ctx context.Context, answers []store.Answer) ([]int64, error) {
-	futures := make([]jetstream.PubAckFuture, 0, len(answers))
-	var err error
-	for _, a := range answers {
-		msg := nats.NewMsg(a.Subject)
-		msg.Data = a.Payload
-		msg.Header.Set(natsbus.HeaderKey, a.Key.String())
+	msgs := make([]natsbus.Message, len(answers))
+	for i, a := range answers {
+		msgs[i] = natsbus.Message{Subject: a.Subject, ID: a.MessageID.String(), Key: a.Key.String(), Data: a.Payload}
 		if a.TraceParent != "" {
-			natsbus.HTTPHeader(msg.Header).Set("traceparent", a.TraceParent)
+			msgs[i].Header = nats.Header{}
+			natsbus.HTTPHeader(msgs[i].Header).Set("traceparent", a.TraceParent)
 		}
-		var f jetstream.PubAckFuture
-		if f, err = r.js.PublishMsgAsync(msg, jetstream.WithMsgID(a.MessageID.String())); err != nil {
-			break // publish what was sent; the rest waits for the next claim
-		}
-		futures = append(futures, f)
 	}
 	var ids []int64
-	for i, f := range futures {
-		select {
-		case <-f.Ok():
-			ids = append(ids, answers[i].ID)
-		case e := <-f.Err():
-			err = errors.Join(err, e)
-		case <-ctx.Done():
-			return ids, errors.Join(err, ctx.Err())
+	var err error
+	for i, ack := range natsbus.Publish(ctx, r.js, natsbus.ReplyStream, msgs) {
+		if ack.Err != nil {
+			err = errors.Join(err, ack.Err)
+			continue
 		}
+		ids = append(ids, answers[i].ID)
 	}
 	return ids, err
 }
