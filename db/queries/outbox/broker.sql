@@ -58,12 +58,17 @@ FROM (SELECT unnest(@message_ids::uuid[]) AS message_id, unnest(@idempotency_key
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
 
--- name: MarkDeadByReply :execrows
--- Users refused the operation, or its user cannot be linked (the student
--- has another): the row is dead whatever lease it is under.
-UPDATE outbox
-SET state = 'dead', dead_at = now(), last_error = @error, reason_class = @reason_class, lease_token = NULL
-WHERE id = @id AND state IN ('pending', 'published');
+-- name: MarkDeadByReplies :exec
+-- Users refused these operations, or their users cannot be linked (the
+-- students have others): the rows are dead whatever lease they are
+-- under. One statement for a batch of replies, sent with its COMMIT.
+UPDATE outbox o
+SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
+FROM (
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@reason_classes::text[]) AS reason_class,
+           unnest(@errors::text[]) AS error
+) d
+WHERE o.id = d.id AND o.state IN ('pending', 'published');
 
 -- name: PurgeReplies :execrows
 -- Forgets replies received before the retention. No FOR UPDATE: that

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const lockRowsForRecord = `-- name: LockRowsForRecord :many
@@ -96,26 +95,28 @@ func (q *Queries) LockRowsForReplies(ctx context.Context, db DBTX, idempotencyKe
 	return items, nil
 }
 
-const markDeadByReply = `-- name: MarkDeadByReply :execrows
-UPDATE outbox
-SET state = 'dead', dead_at = now(), last_error = $1, reason_class = $2, lease_token = NULL
-WHERE id = $3 AND state IN ('pending', 'published')
+const markDeadByReplies = `-- name: MarkDeadByReplies :exec
+UPDATE outbox o
+SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
+FROM (
+    SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS reason_class,
+           unnest($3::text[]) AS error
+) d
+WHERE o.id = d.id AND o.state IN ('pending', 'published')
 `
 
-type MarkDeadByReplyParams struct {
-	Error       pgtype.Text
-	ReasonClass pgtype.Text
-	ID          int64
+type MarkDeadByRepliesParams struct {
+	Ids           []int64
+	ReasonClasses []string
+	Errors        []string
 }
 
-// Users refused the operation, or its user cannot be linked (the student
-// has another): the row is dead whatever lease it is under.
-func (q *Queries) MarkDeadByReply(ctx context.Context, db DBTX, arg MarkDeadByReplyParams) (int64, error) {
-	result, err := db.Exec(ctx, markDeadByReply, arg.Error, arg.ReasonClass, arg.ID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// Users refused these operations, or their users cannot be linked (the
+// students have others): the rows are dead whatever lease they are
+// under. One statement for a batch of replies, sent with its COMMIT.
+func (q *Queries) MarkDeadByReplies(ctx context.Context, db DBTX, arg MarkDeadByRepliesParams) error {
+	_, err := db.Exec(ctx, markDeadByReplies, arg.Ids, arg.ReasonClasses, arg.Errors)
+	return err
 }
 
 const parkReply = `-- name: ParkReply :exec

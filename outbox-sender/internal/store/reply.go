@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/natsbus"
@@ -65,8 +64,8 @@ type ReplyApplied struct {
 //
 // One transaction for many replies is what makes the broker's reply path
 // cheap when replies come in numbers: four round trips and one commit for
-// the batch (and one more per refusal or conflict), not four and a commit
-// per reply.
+// the batch, refusals and conflicts included, not four and a commit per
+// reply.
 func (s *Store) ApplyReplies(ctx context.Context, actor string, rs []Reply) ([]ReplyApplied, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
@@ -155,6 +154,7 @@ func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 
 	in := outboxdb.ReceiveRepliesParams{}
 	event := outboxdb.RecordEventsParams{Kind: "reply", Actor: actor, Keep: HistoryKeep}
+	var dead outboxdb.MarkDeadByRepliesParams
 	for i, r := range rs {
 		if out[i].Outcome == ReplyRepeat {
 			continue
@@ -169,14 +169,10 @@ func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 			addEvent(&event, row, r.Key, outbox.OutcomeDelivered, "", "")
 		case ReplyConflict:
 			why := ConflictError(r.UserID)
-			if err := s.markDead(ctx, tx, row.ID, outbox.ReasonConflict, why); err != nil {
-				return nil, err
-			}
+			addDead(&dead, row.ID, outbox.ReasonConflict, why)
 			addEvent(&event, row, r.Key, outbox.OutcomeDead, outbox.ReasonConflict, why)
 		case ReplyRefused:
-			if err := s.markDead(ctx, tx, row.ID, r.Class, r.Error); err != nil {
-				return nil, err
-			}
+			addDead(&dead, row.ID, r.Class, r.Error)
 			addEvent(&event, row, r.Key, outbox.OutcomeDead, r.Class, r.Error)
 		}
 	}
@@ -192,11 +188,18 @@ func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 			return nil, errors.New("receive replies: another transaction received some of them meanwhile")
 		}
 	}
-	history := &database.Later{}
-	if len(event.OutboxIds) > 0 {
-		_ = s.q.RecordEvents(ctx, history, event) // queued: it cannot fail now
+	// The dead-letters and the history ride with the COMMIT: nothing
+	// read in this transaction depends on them. The rows are locked, so
+	// their states are still the ones judged; a link above has made a row
+	// delivered, and the dead-letter then leaves it so.
+	later := &database.Later{}
+	if len(dead.Ids) > 0 {
+		_ = s.q.MarkDeadByReplies(ctx, later, dead) // queued: it cannot fail now
 	}
-	if err := tx.Commit(ctx, &history.Batch); err != nil {
+	if len(event.OutboxIds) > 0 {
+		_ = s.q.RecordEvents(ctx, later, event)
+	}
+	if err := tx.Commit(ctx, &later.Batch); err != nil {
 		return nil, fmt.Errorf("record replies and commit: %w", err)
 	}
 	return out, nil
@@ -223,13 +226,10 @@ func judgeReply(row outboxdb.LockRowsForRepliesRow, r Reply) string {
 	return ReplyIgnored
 }
 
-func (s *Store) markDead(ctx context.Context, tx *database.Tx, id int64, class, why string) error {
-	if _, err := s.q.MarkDeadByReply(ctx, tx, outboxdb.MarkDeadByReplyParams{
-		ID: id, ReasonClass: pgtype.Text{String: class, Valid: true}, Error: pgtype.Text{String: cleanError(why), Valid: true},
-	}); err != nil {
-		return fmt.Errorf("dead-letter answered row: %w", err)
-	}
-	return nil
+func addDead(d *outboxdb.MarkDeadByRepliesParams, id int64, class, why string) {
+	d.Ids = append(d.Ids, id)
+	d.ReasonClasses = append(d.ReasonClasses, class)
+	d.Errors = append(d.Errors, cleanError(why))
 }
 
 func addEvent(ev *outboxdb.RecordEventsParams, row *outboxdb.LockRowsForRepliesRow, key uuid.UUID, outcome, class, why string) {
