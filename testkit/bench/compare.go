@@ -63,8 +63,8 @@ func buildBaseline(ctx context.Context, root, ref, dir string) (build, string, e
 // compare measures the baseline and this build in turn and reports them
 // side by side.
 func (b *bench) compare(ctx context.Context, o options, builds []build, baseline string) error {
-	b.printf("bench: this checkout beside the baseline %s: %d rounds; burndown %d rows; latency %s after %s at %v/s; poll; shipped defaults\n",
-		baseline, o.rounds, o.rows, o.latencyDuration, o.latencyWarmup, latencyRates)
+	b.printf("bench: this checkout beside the baseline %s: %d rounds; burndown %d rows; latency %s after %s at %v/s, after a history of %d students; poll; shipped defaults\n",
+		baseline, o.rounds, o.rows, o.latencyDuration, o.latencyWarmup, latencyRates, o.history)
 	f := map[string]*buildFigures{}
 	for _, bd := range builds {
 		f[bd.name] = &buildFigures{latency: map[float64][]latencyResult{}}

@@ -193,6 +193,9 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 		return latencyResult{}, err
 	}
 	defer b.drop(d)
+	if err := seedHistory(ctx, d, b.history); err != nil {
+		return latencyResult{}, err
+	}
 	sys, err := b.start(ctx, d, which{student: true, users: true, sender: true, source: source}, nil)
 	if err != nil {
 		return latencyResult{}, err
@@ -232,7 +235,7 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	if err != nil {
 		return latencyResult{}, errors.Join(fmt.Errorf("%.0f/s: %w", rate, err), sys.alive())
 	}
-	if _, err := waitLinked(ctx, d.studentAdmin, int(sent.Load()), 60*time.Second, sys.alive); err != nil {
+	if _, err := waitLinked(ctx, d.studentAdmin, b.history+int(sent.Load()), 60*time.Second, sys.alive); err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
 	}
 	cost, err := spent()
@@ -289,7 +292,7 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	if len(lat) == 0 {
 		return latencyResult{}, fmt.Errorf("%.0f/s: no student sent after the warm-up", rate)
 	}
-	if err := verifyLinked(ctx, d, int(sent.Load())); err != nil {
+	if err := verifyLinked(ctx, d, b.history+int(sent.Load())); err != nil {
 		return latencyResult{}, err
 	}
 	slices.Sort(lat)

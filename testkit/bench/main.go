@@ -78,6 +78,7 @@ type options struct {
 	rows             int
 	latencyWarmup    time.Duration
 	latencyDuration  time.Duration
+	history          int
 	idleSettle       time.Duration
 	idleWindow       time.Duration
 	cdc              bool
@@ -103,6 +104,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	fs.IntVar(&o.rows, "rows", 20000, "burndown: backlog of students with their outbox rows")
 	fs.DurationVar(&o.latencyWarmup, "latency-warmup", 2*time.Second, "latency: warm-up at the rate, not measured")
 	fs.DurationVar(&o.latencyDuration, "latency-duration", 15*time.Second, "latency: measured time at each rate")
+	fs.IntVar(&o.history, "history", 20000, "latency: students already linked in both databases, with statistics, before each run, as in a deployment that has run a while (0: empty databases)")
 	fs.DurationVar(&o.idleSettle, "idle-settle", 5*time.Second, "idle CPU: wait after the last latency run before sampling")
 	fs.DurationVar(&o.idleWindow, "idle-window", 20*time.Second, "idle CPU: sampling window")
 	fs.BoolVar(&o.cdc, "cdc", true, "burndown, latency and idle CPU also with SENDER_SOURCE=cdc, beside the default poll (needs wal_level=logical)")
@@ -121,11 +123,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	switch {
-	case o.rounds < 1, o.clients < 1 || o.clients > 1024, o.rows < 1, o.students < 1, o.rate <= 0,
+	case o.rounds < 1, o.clients < 1 || o.clients > 1024, o.rows < 1, o.students < 1, o.rate <= 0, o.history < 0,
 		o.duration <= 0, o.latencyDuration <= 0, o.idleWindow <= 0, o.sample <= 0,
 		o.warmup < 0, o.latencyWarmup < 0, o.idleSettle < 0, o.soakWarmup < 0:
 		return errors.New("flags out of range: rounds, rows, students and rate at least 1, clients 1 to 1024, " +
-			"measuring durations positive, warm-ups and settling not negative")
+			"measuring durations positive, warm-ups, settling and history not negative")
 	}
 	if o.baseline != "" && o.soak {
 		return errors.New("-baseline compares the bench's measures, not the soak: use one or the other")
@@ -196,7 +198,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	b := &bench{
 		out: out, server: serverURL, durability: durability, commitTimes: commitTimes, dir: dir, q: q,
 		procs: &procs{set: map[*proc]bool{}, peak: map[string]int64{}},
-		dbs:   map[string]bool{}, slots: map[string]bool{}, postmaster: postmaster,
+		dbs:   map[string]bool{}, slots: map[string]bool{}, postmaster: postmaster, history: o.history,
 	}
 	// Whatever happens, no child and no database outlives the bench. The
 	// logs are kept when something failed, for the paths the error names,
@@ -273,8 +275,8 @@ func tagFor(source string) string {
 
 // measure runs the rounds and reports.
 func (b *bench) measure(ctx context.Context, o options) error {
-	b.printf("bench: %d rounds; intake %d clients for %s after %s; burndown %d rows; latency %s after %s at %v/s; shipped defaults\n",
-		o.rounds, o.clients, o.duration, o.warmup, o.rows, o.latencyDuration, o.latencyWarmup, latencyRates)
+	b.printf("bench: %d rounds; intake %d clients for %s after %s; burndown %d rows; latency %s after %s at %v/s, after a history of %d students; shipped defaults\n",
+		o.rounds, o.clients, o.duration, o.warmup, o.rows, o.latencyDuration, o.latencyWarmup, latencyRates, o.history)
 	b.printf("intake POSTs without an Idempotency-Key, as the README's curl session does\n")
 	sources := []string{sourcePoll}
 	if o.cdc {

@@ -48,6 +48,9 @@ type bench struct {
 	// postmaster is the process id of the bench's own cluster's
 	// postmaster, whose CPU use the bench reads; 0 on another server.
 	postmaster int
+	// history is how many students each latency run's databases hold
+	// before it starts (seedHistory).
+	history int
 
 	mu    sync.Mutex
 	seq   int             // numbers databases and log files
