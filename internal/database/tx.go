@@ -31,8 +31,9 @@ type Tx struct {
 	// pending is BEGIN and Begin's statements until something is sent:
 	// they go out ahead of it.
 	pending []*pgx.QueuedQuery
-	// with is what WithCommit queued.
-	with []*pgx.QueuedQuery
+	// with is what WithCommit queued, and reads what ReadAtCommit did.
+	with  []*pgx.QueuedQuery
+	reads []*pgx.QueuedQuery
 	// after is what AfterCommit queued, and afterFailed what it was given.
 	after       []*pgx.QueuedQuery
 	afterFailed []func(error)
@@ -118,6 +119,79 @@ func (t *Tx) WithCommit(b *pgx.Batch) {
 	t.with = append(t.with, b.QueuedQueries...)
 }
 
+// ReadAtCommit queues a query that returns at most one row to go out
+// with COMMIT, in Commit's round trip, after WithCommit's statements and
+// Commit's own: for a transaction's last statement, whose answer decides
+// nothing the transaction still sends (a lone INSERT … RETURNING, say).
+// It saves the round trip the query would take alone. A failure of the
+// query stops the commit, as any statement's does. read gets the row once
+// the round trip is back, before Commit returns; it cannot fail, because
+// by then the server has run COMMIT: a Scan error (pgx.ErrNoRows among
+// them) is read's to keep, and its caller's to act on after the commit.
+// When the commit fails, read may get the row's error or not be called.
+func (t *Tx) ReadAtCommit(read func(pgx.Row), sql string, args ...any) {
+	b := &pgx.Batch{}
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		read(row)
+		return nil
+	})
+	t.reads = append(t.reads, b.QueuedQueries...)
+}
+
+// DBTX is what sqlc's methods run statements on: a pool, a Tx, a Later.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// RunAtCommit is ReadAtCommit for a sqlc method of one row (:one), whose
+// statement text sqlc keeps to itself: call runs the method on the DBTX
+// it is given. It is run twice: now, on a DBTX that only notes the
+// statement and its arguments (the method gets errNotYet), and again
+// once the row is back, on a DBTX that hands the method that row. What
+// the second run gets is what counts; if the commit fails, the second run
+// may not come.
+func (t *Tx) RunAtCommit(call func(db DBTX)) {
+	var noted noteRow
+	call(&noted)
+	if noted.sql == "" {
+		panic("database: RunAtCommit's call ran no QueryRow")
+	}
+	t.ReadAtCommit(func(row pgx.Row) { call(rowDB{row}) }, noted.sql, noted.args...)
+}
+
+// errNotYet is what a method run by RunAtCommit gets on its first run.
+var errNotYet = errors.New("database: the statement runs at COMMIT")
+
+// noteRow notes the statement of a method's QueryRow (RunAtCommit).
+type noteRow struct {
+	sql  string
+	args []any
+}
+
+func (n *noteRow) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	n.sql, n.args = sql, args
+	return ErrRow{errNotYet}
+}
+
+func (n *noteRow) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errNotLater
+}
+
+func (n *noteRow) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errNotLater }
+
+// rowDB hands a method the row its statement returned (RunAtCommit).
+type rowDB struct{ row pgx.Row }
+
+func (r rowDB) QueryRow(context.Context, string, ...any) pgx.Row { return r.row }
+
+func (r rowDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errNotLater
+}
+
+func (r rowDB) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errNotLater }
+
 // AfterCommit queues b's statements to follow COMMIT in Commit's round
 // trip. They run only if the transaction committed, in a transaction of
 // their own that the end of the batch commits. Their failure cannot undo
@@ -141,7 +215,7 @@ var errCommitCallback = errors.New("database: statements sent with COMMIT cannot
 // earlier failure aborted (pgx.ErrTxCommitRollback, and nothing is sent).
 // The statements that go with COMMIT (WithCommit's, then last's), Begin's
 // too if nothing was sent before, may not have callbacks (errCommitCallback): only their errors
-// count, and those stop the commit.
+// count, and those stop the commit. ReadAtCommit's queries follow them.
 func (t *Tx) Commit(ctx context.Context, last *pgx.Batch) error {
 	if t.pending == nil && t.conn.Conn().PgConn().TxStatus() == 'E' {
 		return pgx.ErrTxCommitRollback
@@ -153,6 +227,9 @@ func (t *Tx) Commit(ctx context.Context, last *pgx.Batch) error {
 	if hasCallback(t.pending) || hasCallback(b.QueuedQueries) {
 		return errCommitCallback
 	}
+	// ReadAtCommit's callbacks always return nil: they cannot stop what
+	// the server runs, and do not pretend to.
+	b.QueuedQueries = append(b.QueuedQueries, t.reads...)
 	var tag pgconn.CommandTag
 	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
 		tag = ct

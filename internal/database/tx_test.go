@@ -251,6 +251,86 @@ func TestWithCommit(t *testing.T) {
 	tx.End(ctx)
 }
 
+// TestReadAtCommit: a query read at COMMIT rides in its round trip, with
+// BEGIN when nothing went before, and its row is read before Commit
+// returns; a query that fails stops the commit; no row is the reader's
+// to handle, and the transaction commits.
+func TestReadAtCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, admin := txPool(t)
+	trips.Take()
+
+	upsert := "INSERT INTO t (id, note) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING note"
+	read := func(note *string, err *error) func(pgx.Row) {
+		return func(row pgx.Row) { *err = row.Scan(note) }
+	}
+	var note string
+	var readErr error
+	tx, err := Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	tx.ReadAtCommit(read(&note, &readErr), upsert, 1, "one")
+	tx.AfterCommit(insert(2, "two"), nil)
+	require.NoError(t, tx.Commit(ctx, nil))
+	tx.End(ctx)
+	require.NoError(t, readErr)
+	require.Equal(t, "one", note)
+	require.Len(t, trips.Take(), 1, "BEGIN, the query, COMMIT and what follows it in one round trip")
+	require.Equal(t, 2, apitest.Count(t, admin, "SELECT count(*) FROM t"))
+
+	note, readErr = "", nil
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	tx.ReadAtCommit(read(&note, &readErr), upsert, 1, "again")
+	require.NoError(t, tx.Commit(ctx, insert(3, "three")))
+	tx.End(ctx)
+	require.ErrorIs(t, readErr, pgx.ErrNoRows, "the row was there: nothing returned")
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 3"), "and the transaction committed")
+
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO t VALUES (4, 'four')")
+	require.NoError(t, err)
+	tx.ReadAtCommit(func(pgx.Row) {}, "INSERT INTO t (id, note) VALUES (1, 'taken') RETURNING note")
+	require.Error(t, tx.Commit(ctx, nil), "the query fails: no commit")
+	tx.End(ctx)
+	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 4"))
+}
+
+// TestRunAtCommit: a method of one row, as sqlc writes them, run at
+// COMMIT: its second run, in the commit's round trip, is what counts.
+func TestRunAtCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, admin := txPool(t)
+	trips.Take()
+
+	// insertNote is shaped as sqlc's :one methods are.
+	insertNote := func(ctx context.Context, db DBTX, id int, note string) (string, error) {
+		row := db.QueryRow(ctx, "INSERT INTO t (id, note) VALUES ($1, $2) RETURNING note", id, note)
+		var got string
+		err := row.Scan(&got)
+		return got, err
+	}
+	var got string
+	var err error
+	runs := 0
+	tx, err := Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	tx.RunAtCommit(func(db DBTX) {
+		runs++
+		got, err = insertNote(ctx, db, 1, "one")
+	})
+	require.ErrorIs(t, err, errNotYet, "the first run only notes the statement")
+	require.NoError(t, tx.Commit(ctx, nil))
+	tx.End(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "one", got)
+	require.Equal(t, 2, runs)
+	require.Len(t, trips.Take(), 1)
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 1"))
+}
+
 // TestCommitRefusesWhatCannotCommit: statements sent with COMMIT may not
 // have callbacks, whose errors could not stop the commit; and a
 // transaction an earlier statement aborted is not committed, nor is what

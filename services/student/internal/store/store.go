@@ -94,57 +94,104 @@ type AnswerFunc func(Student, error) (inbox.Outcome, error)
 // call is a new operation. Once a new row is committed, the sender is woken
 // for it.
 func (s *Store) CreateStudent(ctx context.Context, caller, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
-	// Set by the transaction that wrote the outbox row; rode: its commit
-	// carries the sender's wake-up (outboxwake.Notifier.Ride).
-	wrote, rode := false, false
 	// The request's trace context, read here: inside the inbox the
 	// context also carries the inbox transaction's span, and the
 	// deliveries belong under the request, keyed or not.
-	traceParent := telemetry.TraceParent(ctx)
+	row, err := newStudentRow(p, telemetry.TraceParent(ctx))
+	if err != nil {
+		return inbox.Outcome{}, false, err
+	}
+	if key == "" {
+		out, err = s.createOnce(ctx, row, answer)
+		return out, false, err
+	}
+	// Set by the transaction that wrote the outbox row; rode: its commit
+	// carries the sender's wake-up (outboxwake.Notifier.Ride).
+	wrote, rode := false, false
 	op := func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-		st, err := s.insertStudent(ctx, tx, p, traceParent)
+		st, err := studentOf(s.q.InsertStudentWithOutbox(ctx, tx, row))
 		if err != nil && !errors.Is(err, ErrDocumentTaken) {
 			return inbox.Outcome{}, err
 		}
 		wrote = err == nil
 		if wrote {
-			if wake, ok := s.Wake.Ride(); ok {
-				tx.AfterCommit(wake, func(error) { s.Wake.Kick() })
-				rode = true
-			}
+			rode = s.ride(tx)
 		}
 		return answer(st, err)
 	}
-	if key == "" {
-		out, err = s.Inbox.Once(ctx, op)
-	} else {
-		// Keys are scoped to their caller, as in Users.
-		out, replayed, err = s.Inbox.Do(ctx, inbox.Key{Caller: caller, Value: key}, p.Fields(), op)
-	}
+	// Keys are scoped to their caller, as in Users.
+	out, replayed, err = s.Inbox.Do(ctx, inbox.Key{Caller: caller, Value: key}, p.Fields(), op)
 	if err == nil && wrote && !rode {
 		s.Wake.Kick()
 	}
 	return out, replayed, err
 }
 
-// insertStudent is the outbox half of the pattern: the student and the
+// createOnce is CreateStudent without a key: each call a new operation,
+// whose answer nothing stores. Its one statement rides with COMMIT
+// (database.Tx.RunAtCommit), so the request costs one round trip, not
+// two: nothing the transaction sends depends on the statement's answer.
+// The wake-up rides too, decided before the answer is known: a document
+// number already taken costs the sender a claim that finds nothing.
+func (s *Store) createOnce(ctx context.Context, row studentdb.InsertStudentWithOutboxParams, answer AnswerFunc) (inbox.Outcome, error) {
+	var (
+		inserted  studentdb.InsertStudentWithOutboxRow
+		insertErr error
+		rode      bool
+	)
+	_, err := s.Inbox.Once(ctx, func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
+		tx.RunAtCommit(func(db database.DBTX) { inserted, insertErr = s.q.InsertStudentWithOutbox(ctx, db, row) })
+		rode = s.ride(tx)
+		return inbox.Outcome{}, nil
+	})
+	if err != nil {
+		return inbox.Outcome{}, err
+	}
+	st, err := studentOf(inserted, insertErr)
+	if err != nil && !errors.Is(err, ErrDocumentTaken) {
+		// Committed, but the answer could not be read: the client may
+		// try again, and the document number then answers it.
+		return inbox.Outcome{}, err
+	}
+	if err == nil && !rode {
+		s.Wake.Kick()
+	}
+	return answer(st, err)
+}
+
+// ride has tx's commit carry the sender's wake-up when it may
+// (outboxwake.Notifier.Ride); a wake-up that fails is sent apart.
+func (s *Store) ride(tx *database.Tx) bool {
+	wake, ok := s.Wake.Ride()
+	if ok {
+		tx.AfterCommit(wake, func(error) { s.Wake.Kick() })
+	}
+	return ok
+}
+
+// newStudentRow is the outbox half of the pattern: the student and the
 // outbox row that asks Users for its user are written in the caller's
 // transaction, in one statement, so both commit or neither does. The row
 // gets a fresh idempotency key that stays with the operation for every
 // delivery, and a payload fixed now, so every delivery sends the same
 // request; it also keeps the request's trace context, so that one trace
 // follows the operation through all its deliveries.
-func (s *Store) insertStudent(ctx context.Context, tx *database.Tx, p person.Person, traceParent string) (Student, error) {
+func newStudentRow(p person.Person, traceParent string) (studentdb.InsertStudentWithOutboxParams, error) {
 	payload, err := json.Marshal(p)
 	if err != nil {
-		return Student{}, fmt.Errorf("encode outbox payload: %w", err)
+		return studentdb.InsertStudentWithOutboxParams{}, fmt.Errorf("encode outbox payload: %w", err)
 	}
-	st, err := s.q.InsertStudentWithOutbox(ctx, tx, studentdb.InsertStudentWithOutboxParams{
+	return studentdb.InsertStudentWithOutboxParams{
 		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
 		IdempotencyKey: uuid.New(), Operation: outbox.OperationCreateUser, Payload: payload,
 		// The sender continues this request's trace on every delivery.
 		TraceParent: traceParent,
-	})
+	}, nil
+}
+
+// studentOf is what InsertStudentWithOutbox answered, as a Student or
+// ErrDocumentTaken.
+func studentOf(st studentdb.InsertStudentWithOutboxRow, err error) (Student, error) {
 	if errors.Is(err, pgx.ErrNoRows) { // ON CONFLICT DO NOTHING: neither row was written
 		return Student{}, ErrDocumentTaken
 	}
