@@ -64,7 +64,7 @@ var roleCases = []roleCase{
 	{
 		role: migrations.StudentApp, set: migrations.Student,
 		allowed: []string{
-			// store.insertStudent, GetStudent and the inbox's statements.
+			// InsertStudentWithOutbox (store.newStudentRow), GetStudent and the inbox's statements.
 			`INSERT INTO students (id, name, email, document_number) VALUES (gen_random_uuid(), 'B', 'b@example.com', '2')
 				ON CONFLICT (document_number) DO NOTHING RETURNING id, name, email, document_number, user_id, created_at, updated_at`,
 			`INSERT INTO outbox (idempotency_key, operation, student_id, payload)

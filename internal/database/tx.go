@@ -1,12 +1,15 @@
 package database
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -31,9 +34,11 @@ type Tx struct {
 	// pending is BEGIN and Begin's statements until something is sent:
 	// they go out ahead of it.
 	pending []*pgx.QueuedQuery
-	// with is what WithCommit queued, and reads what ReadAtCommit did.
-	with  []*pgx.QueuedQuery
-	reads []*pgx.QueuedQuery
+	// with is what WithCommit queued, and reads what ReadAtCommit did,
+	// whose readers run once the transaction has committed.
+	with    []*pgx.QueuedQuery
+	reads   []*pgx.QueuedQuery
+	readers []func()
 	// after is what AfterCommit queued, and afterFailed what it was given.
 	after       []*pgx.QueuedQuery
 	afterFailed []func(error)
@@ -124,18 +129,57 @@ func (t *Tx) WithCommit(b *pgx.Batch) {
 // Commit's own: for a transaction's last statement, whose answer decides
 // nothing the transaction still sends (a lone INSERT … RETURNING, say).
 // It saves the round trip the query would take alone. A failure of the
-// query stops the commit, as any statement's does. read gets the row once
-// the round trip is back, before Commit returns; it cannot fail, because
-// by then the server has run COMMIT: a Scan error (pgx.ErrNoRows among
-// them) is read's to keep, and its caller's to act on after the commit.
-// When the commit fails, read may get the row's error or not be called.
+// query stops the commit, as any statement's does. read gets the row
+// once the transaction has committed, before Commit returns, and not if
+// it did not. The row is only decoded then, in read's Scan: a Scan error
+// (pgx.ErrNoRows among them) is read's to keep and its caller's to act
+// on, for the transaction has committed.
 func (t *Tx) ReadAtCommit(read func(pgx.Row), sql string, args ...any) {
+	row := &lateRow{}
 	b := &pgx.Batch{}
-	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
-		read(row)
+	// The rows are kept undecoded: a decoding error here would fail the
+	// batch's later results, COMMIT's among them, after the server ran it.
+	b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+		row.keep(rows)
 		return nil
 	})
 	t.reads = append(t.reads, b.QueuedQueries...)
+	t.readers = append(t.readers, func() { read(row) })
+}
+
+// lateRow is a row kept as the server sent it, decoded by Scan.
+type lateRow struct {
+	types  *pgtype.Map
+	fields []pgconn.FieldDescription
+	values [][]byte
+	found  bool
+}
+
+func (r *lateRow) keep(rows pgx.Rows) {
+	// Next first: rows of a statement that failed have no fields to
+	// describe, and say so by ending at once (pgx returns their error).
+	if rows.Next() {
+		r.found = true
+		r.types, r.fields = rows.TypeMap(), slices.Clone(rows.FieldDescriptions())
+		for _, v := range rows.RawValues() {
+			r.values = append(r.values, bytes.Clone(v)) // the buffer is reused; nil (NULL) stays nil
+		}
+	}
+}
+
+func (r *lateRow) Scan(dest ...any) error {
+	switch {
+	case !r.found:
+		return pgx.ErrNoRows
+	case len(dest) != len(r.values):
+		return fmt.Errorf("database: %d columns, scanned into %d", len(r.values), len(dest))
+	}
+	for i, d := range dest {
+		if err := r.types.Scan(r.fields[i].DataTypeOID, r.fields[i].Format, r.values[i], d); err != nil {
+			return fmt.Errorf("database: scan column %s: %w", r.fields[i].Name, err)
+		}
+	}
+	return nil
 }
 
 // DBTX is what sqlc's methods run statements on: a pool, a Tx, a Later.
@@ -244,6 +288,9 @@ func (t *Tx) Commit(ctx context.Context, last *pgx.Batch) error {
 			for _, failed := range t.afterFailed {
 				failed(err)
 			}
+		}
+		for _, read := range t.readers {
+			read()
 		}
 		return nil
 	case err != nil:

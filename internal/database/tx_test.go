@@ -291,10 +291,24 @@ func TestReadAtCommit(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, "INSERT INTO t VALUES (4, 'four')")
 	require.NoError(t, err)
-	tx.ReadAtCommit(func(pgx.Row) {}, "INSERT INTO t (id, note) VALUES (1, 'taken') RETURNING note")
+	called := false
+	tx.ReadAtCommit(func(pgx.Row) { called = true }, "INSERT INTO t (id, note) VALUES (1, 'taken') RETURNING note")
 	require.Error(t, tx.Commit(ctx, nil), "the query fails: no commit")
 	tx.End(ctx)
+	require.False(t, called, "nothing to read from a transaction that did not commit")
 	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 4"))
+
+	// A row the reader cannot decode is the reader's error, after a
+	// commit that happened: Commit must not report it as a failure.
+	var wrong int
+	readErr = nil
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	tx.ReadAtCommit(func(row pgx.Row) { readErr = row.Scan(&wrong) }, upsert, 5, "five")
+	require.NoError(t, tx.Commit(ctx, nil))
+	tx.End(ctx)
+	require.Error(t, readErr, "text into an int")
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 5"), "committed all the same")
 }
 
 // TestRunAtCommit: a method of one row, as sqlc writes them, run at

@@ -187,7 +187,8 @@ func (ib *Inbox) Do(ctx context.Context, key Key, req Request, op Op) (out Outco
 // Once runs op in a transaction without a key: each call is a new
 // operation. Lock waits are bounded as in Do. BEGIN and the lock timeout
 // go out with op's first statement, and COMMIT on its own: an operation of
-// one statement costs two round trips.
+// one statement costs two round trips, or one if op queues its statement
+// at COMMIT (database.Tx.RunAtCommit) and reads its answer after.
 func (ib *Inbox) Once(ctx context.Context, op Op) (out Outcome, err error) {
 	err = ib.tx(ctx, nil, func(ctx context.Context, tx *database.Tx, _ bool) (*pgx.Batch, error) {
 		out, err = op(ctx, tx)

@@ -69,6 +69,17 @@ func Publish(ctx context.Context, js jetstream.JetStream, stream string, msgs []
 		if f == nil {
 			continue
 		}
+		// An answer already in counts even once ctx has ended: select
+		// alone would pick at random between the two.
+		select {
+		case a := <-f.Ok():
+			acks[i] = Ack{Seq: a.Sequence, Duplicate: a.Duplicate}
+			continue
+		case err := <-f.Err():
+			acks[i].Err = err
+			continue
+		default:
+		}
 		select {
 		case a := <-f.Ok():
 			acks[i] = Ack{Seq: a.Sequence, Duplicate: a.Duplicate}

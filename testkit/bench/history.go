@@ -8,8 +8,8 @@ import (
 )
 
 // seedHistory gives a latency run's fresh databases what a deployment's
-// hold after it has run a while: rows students already linked to their
-// users, each with its delivered outbox row and one event of history, the
+// hold after it has run a while: that many students already linked to
+// their users, each with its delivered outbox row and one event of history, the
 // same users in Users, and statistics on all of it, as autovacuum keeps
 // them.
 //

@@ -57,9 +57,9 @@ func TestClusterSurvivesANode(t *testing.T) {
 	require.Equal(t, uint64(4), info.State.Msgs, "every acknowledged publish is in the stream")
 }
 
-// startCluster starts n nodes under dir as b8's natsd processes start
-// them (StartNode, each routed to the others), and provisions them once
-// (ProvisionCluster).
+// startCluster starts n nodes in t's temporary directory, each routed to
+// the others, the way e2e scenario b8 starts its natsd processes
+// (StartNode), and provisions them once (ProvisionCluster).
 func startCluster(ctx context.Context, t *testing.T, n int) (nodes []*natsserver.Server, urls string, pw map[string]auth.Secret) {
 	t.Helper()
 	pw = natsserver.RandomPasswords()

@@ -90,6 +90,7 @@ func TestApplyRepliesRecordWhatEachDid(t *testing.T) {
 	applied, err := s.ApplyReplies(ctx, "test", batch)
 	require.NoError(t, err)
 	want := []string{ReplyConflict, ReplyRefused, ReplyLinked, ReplyLinked, ReplySettled, ReplyIgnored}
+	require.Len(t, applied, len(want))
 	for i, r := range applied {
 		require.Equal(t, want[i], r.Outcome, "reply %d", i)
 		var inbox string

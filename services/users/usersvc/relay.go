@@ -16,9 +16,10 @@ import (
 // relay publishes Users' outbox (the answers to commands) to the reply
 // stream through the sender's publish step (natsbus.Publish), so with its
 // discipline: each answer's message id as Nats-Msg-Id, its key as
-// Idempotency-Key, marked published only once the broker acknowledged it. An answer published but not marked (the process
-// died in between) is published again, and JetStream's window or the
-// sender's reply inbox filters it.
+// Idempotency-Key, marked published only once the broker acknowledged
+// it. An answer published but not marked (the process died in between)
+// is published again, and JetStream's window or the sender's reply inbox
+// filters it.
 type relay struct {
 	log     *slog.Logger
 	store   *store.Store
@@ -49,7 +50,11 @@ func (r *relay) run(ctx context.Context) {
 		claimed, err := r.once(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
-			warn("broker: relaying answers failed; they wait in Users' outbox", err)
+			msg := "broker: relaying answers failed; they wait in Users' outbox"
+			if natsbus.StreamFull(err) {
+				msg = "broker: the reply stream is full; answers wait in Users' outbox until the sender reads replies"
+			}
+			warn(msg, err)
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 			select {
 			case <-ctx.Done():

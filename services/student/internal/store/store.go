@@ -85,7 +85,8 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
 // AnswerFunc turns what creating a student produced (the student, or
 // ErrDocumentTaken) into the answer for the client, stored under the
-// client's key when it sent one.
+// client's key when it sent one. Without a key it runs after the commit,
+// so its error no longer undoes the student.
 type AnswerFunc func(Student, error) (inbox.Outcome, error)
 
 // CreateStudent writes the student and its create-user outbox row in one
