@@ -3,6 +3,7 @@ package natsbus
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -50,9 +51,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, stream string, msgs []
 	for i, m := range msgs {
 		msg := nats.NewMsg(m.Subject)
 		msg.Data = m.Data
-		for k, v := range m.Header {
-			msg.Header[k] = v
-		}
+		maps.Copy(msg.Header, m.Header)
 		msg.Header.Set(HeaderKey, m.Key)
 		f, err := js.PublishMsgAsync(msg, jetstream.WithMsgID(m.ID), jetstream.WithExpectStream(stream))
 		if err != nil {
