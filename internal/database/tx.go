@@ -193,9 +193,9 @@ type DBTX interface {
 // statement text sqlc keeps to itself: call runs the method on the DBTX
 // it is given. It is run twice: now, on a DBTX that only notes the
 // statement and its arguments (the method gets errNotYet), and again
-// once the row is back, on a DBTX that hands the method that row. What
-// the second run gets is what counts; if the commit fails, the second run
-// may not come.
+// once the transaction has committed, on a DBTX that hands the method the
+// row. What the second run gets is what counts; if the commit fails, no
+// second run comes.
 func (t *Tx) RunAtCommit(call func(db DBTX)) {
 	var noted noteRow
 	call(&noted)
