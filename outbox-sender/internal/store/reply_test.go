@@ -5,10 +5,19 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/internal/outbox"
 )
+
+// outboxKey is the idempotency key of student's outbox row.
+func outboxKey(t *testing.T, pool *pgxpool.Pool, student uuid.UUID) uuid.UUID {
+	t.Helper()
+	var k uuid.UUID
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT idempotency_key FROM outbox WHERE student_id = $1", student).Scan(&k))
+	return k
+}
 
 // TestApplyRepliesInOneBatch: one transaction applies a batch of replies
 // as they would be applied one by one, in order, each at most once.
@@ -16,11 +25,7 @@ func TestApplyRepliesInOneBatch(t *testing.T) {
 	t.Parallel()
 	pool, s, students := newStore(t, 3)
 	ctx := context.Background()
-	keyOf := func(student uuid.UUID) uuid.UUID {
-		var k uuid.UUID
-		require.NoError(t, pool.QueryRow(ctx, "SELECT idempotency_key FROM outbox WHERE student_id = $1", student).Scan(&k))
-		return k
-	}
+	keyOf := func(student uuid.UUID) uuid.UUID { return outboxKey(t, pool, student) }
 	a, b, c := keyOf(students[0]), keyOf(students[1]), keyOf(students[2])
 	userA, other := uuid.New(), uuid.New()
 	old := Reply{MessageID: uuid.New(), Key: c, Outcome: outbox.OutcomeDelivered, UserID: uuid.New()}
@@ -68,11 +73,7 @@ func TestApplyRepliesRecordWhatEachDid(t *testing.T) {
 	t.Parallel()
 	pool, s, students := newStore(t, 4)
 	ctx := context.Background()
-	keyOf := func(student uuid.UUID) uuid.UUID {
-		var k uuid.UUID
-		require.NoError(t, pool.QueryRow(ctx, "SELECT idempotency_key FROM outbox WHERE student_id = $1", student).Scan(&k))
-		return k
-	}
+	keyOf := func(student uuid.UUID) uuid.UUID { return outboxKey(t, pool, student) }
 	d, e, f, g := keyOf(students[0]), keyOf(students[1]), keyOf(students[2]), keyOf(students[3])
 	taken := uuid.New() // d's student is linked to this user already
 	_, err := pool.Exec(ctx, "UPDATE students SET user_id = $1 WHERE id = $2", taken, students[0])
