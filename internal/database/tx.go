@@ -34,11 +34,12 @@ type Tx struct {
 	// pending is BEGIN and Begin's statements until something is sent:
 	// they go out ahead of it.
 	pending []*pgx.QueuedQuery
-	// with is what WithCommit queued, and reads what ReadAtCommit did,
-	// whose readers run once the transaction has committed.
-	with    []*pgx.QueuedQuery
-	reads   []*pgx.QueuedQuery
-	readers []func()
+	// atCommit is what WithCommit, ReadAtCommit and RunAtCommit queued,
+	// in the order they were called; readers run once the transaction
+	// has committed. withCallback: WithCommit was given a callback.
+	atCommit     []*pgx.QueuedQuery
+	readers      []func()
+	withCallback bool
 	// after is what AfterCommit queued, and afterFailed what it was given.
 	after       []*pgx.QueuedQuery
 	afterFailed []func(error)
@@ -116,71 +117,144 @@ func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 }
 
 // WithCommit queues b's statements to go out with COMMIT, in Commit's
-// round trip, ahead of last's (Commit's argument): for a step deep inside an operation
-// that adds a write to the transaction but needs no answer from it. They
-// are the transaction's like any other, so a failure stops the commit; as
-// with Commit's, they may not have callbacks.
+// round trip, ahead of last's (Commit's argument): for a step deep inside
+// an operation that adds a write to the transaction but needs no answer
+// from it. They are the transaction's like any other, so a failure stops
+// the commit; as with Commit's, they may not have callbacks.
 func (t *Tx) WithCommit(b *pgx.Batch) {
-	t.with = append(t.with, b.QueuedQueries...)
+	t.withCallback = t.withCallback || hasCallback(b.QueuedQueries)
+	t.atCommit = append(t.atCommit, b.QueuedQueries...)
 }
 
 // ReadAtCommit queues a query that returns at most one row to go out
-// with COMMIT, in Commit's round trip, after WithCommit's statements and
-// Commit's own: for a transaction's last statement, whose answer decides
-// nothing the transaction still sends (a lone INSERT … RETURNING, say).
-// It saves the round trip the query would take alone. A failure of the
-// query stops the commit, as any statement's does. read gets the row
+// with COMMIT, in Commit's round trip, in order with WithCommit's
+// statements and ahead of Commit's own: for a statement whose answer
+// decides nothing the transaction still sends (a lone INSERT … RETURNING,
+// say). It saves the round trip the query would take alone. A failure of
+// the query stops the commit, as any statement's does. read gets the row
 // once the transaction has committed, before Commit returns, and not if
 // it did not. The row is only decoded then, in read's Scan: a Scan error
 // (pgx.ErrNoRows among them) is read's to keep and its caller's to act
 // on, for the transaction has committed.
 func (t *Tx) ReadAtCommit(read func(pgx.Row), sql string, args ...any) {
-	row := &lateRow{}
+	rows := t.readLater(sql, args)
+	t.readers = append(t.readers, func() { read(rows.first()) })
+}
+
+// readLater queues a query at COMMIT whose rows are kept undecoded: a
+// decoding error here would fail the batch's later results, COMMIT's
+// among them, after the server ran it.
+func (t *Tx) readLater(sql string, args []any) *lateRows {
+	rows := &lateRows{}
 	b := &pgx.Batch{}
-	// The rows are kept undecoded: a decoding error here would fail the
-	// batch's later results, COMMIT's among them, after the server ran it.
-	b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
-		row.keep(rows)
+	b.Queue(sql, args...).Query(func(r pgx.Rows) error {
+		rows.keep(r)
 		return nil
 	})
-	t.reads = append(t.reads, b.QueuedQueries...)
-	t.readers = append(t.readers, func() { read(row) })
+	t.atCommit = append(t.atCommit, b.QueuedQueries...)
+	return rows
 }
 
-// lateRow is a row kept as the server sent it, decoded by Scan.
-type lateRow struct {
+// lateRows are a query's rows kept as the server sent them, decoded by
+// Scan.
+type lateRows struct {
 	types  *pgtype.Map
 	fields []pgconn.FieldDescription
-	values [][]byte
-	found  bool
+	values [][][]byte
+	tag    pgconn.CommandTag
 }
 
-func (r *lateRow) keep(rows pgx.Rows) {
+func (r *lateRows) keep(rows pgx.Rows) {
 	// Next first: rows of a statement that failed have no fields to
 	// describe, and say so by ending at once (pgx returns their error).
-	if rows.Next() {
-		r.found = true
-		r.types, r.fields = rows.TypeMap(), slices.Clone(rows.FieldDescriptions())
-		for _, v := range rows.RawValues() {
-			r.values = append(r.values, bytes.Clone(v)) // the buffer is reused; nil (NULL) stays nil
+	for rows.Next() {
+		if r.types == nil {
+			r.types, r.fields = rows.TypeMap(), slices.Clone(rows.FieldDescriptions())
 		}
+		row := make([][]byte, 0, len(r.fields))
+		for _, v := range rows.RawValues() {
+			row = append(row, bytes.Clone(v)) // the buffer is reused; nil (NULL) stays nil
+		}
+		r.values = append(r.values, row)
 	}
+	r.tag = rows.CommandTag()
 }
 
-func (r *lateRow) Scan(dest ...any) error {
-	switch {
-	case !r.found:
-		return pgx.ErrNoRows
-	case len(dest) != len(r.values):
-		return fmt.Errorf("database: %d columns, scanned into %d", len(r.values), len(dest))
+func (r *lateRows) scan(row [][]byte, dest []any) error {
+	if len(dest) != len(row) {
+		return fmt.Errorf("database: %d columns, scanned into %d", len(row), len(dest))
 	}
 	for i, d := range dest {
-		if err := r.types.Scan(r.fields[i].DataTypeOID, r.fields[i].Format, r.values[i], d); err != nil {
+		if err := r.types.Scan(r.fields[i].DataTypeOID, r.fields[i].Format, row[i], d); err != nil {
 			return fmt.Errorf("database: scan column %s: %w", r.fields[i].Name, err)
 		}
 	}
 	return nil
 }
+
+// first is the first row, as pgx's QueryRow gives it: pgx.ErrNoRows for
+// none.
+func (r *lateRows) first() pgx.Row {
+	if len(r.values) == 0 {
+		return ErrRow{pgx.ErrNoRows}
+	}
+	return lateRow{r, r.values[0]}
+}
+
+type lateRow struct {
+	rows *lateRows
+	row  [][]byte
+}
+
+func (r lateRow) Scan(dest ...any) error { return r.rows.scan(r.row, dest) }
+
+// cursor reads kept rows as pgx.Rows, for a sqlc method of many rows.
+type cursor struct {
+	*lateRows
+	n int // rows read by Next
+}
+
+func (c *cursor) Next() bool {
+	if c.n == len(c.values) {
+		return false
+	}
+	c.n++
+	return true
+}
+
+func (c *cursor) Scan(dest ...any) error {
+	if c.n == 0 {
+		return errors.New("database: Scan before Next")
+	}
+	return c.scan(c.values[c.n-1], dest)
+}
+
+func (c *cursor) Values() ([]any, error) {
+	if c.n == 0 {
+		return nil, errors.New("database: Values before Next")
+	}
+	values := make([]any, len(c.fields))
+	for i, f := range c.fields {
+		if err := c.types.Scan(f.DataTypeOID, f.Format, c.values[c.n-1][i], &values[i]); err != nil {
+			return nil, fmt.Errorf("database: decode column %s: %w", f.Name, err)
+		}
+	}
+	return values, nil
+}
+
+func (c *cursor) RawValues() [][]byte { return c.values[c.n-1] }
+
+func (c *cursor) FieldDescriptions() []pgconn.FieldDescription { return c.fields }
+
+func (c *cursor) CommandTag() pgconn.CommandTag { return c.tag }
+
+func (c *cursor) TypeMap() *pgtype.Map { return c.types }
+
+func (c *cursor) Err() error { return nil }
+
+func (c *cursor) Close() {}
+
+func (c *cursor) Conn() *pgx.Conn { return nil }
 
 // DBTX is what sqlc's methods run statements on: a pool, a Tx, a Later.
 type DBTX interface {
@@ -189,52 +263,58 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// RunAtCommit is ReadAtCommit for a sqlc method of one row (:one), whose
-// statement text sqlc keeps to itself: call runs the method on the DBTX
-// it is given. It is run twice: now, on a DBTX that only notes the
-// statement and its arguments (the method gets errNotYet), and again
-// once the transaction has committed, on a DBTX that hands the method the
-// row. What the second run gets is what counts; if the commit fails, no
-// second run comes.
+// RunAtCommit is ReadAtCommit for a sqlc method (:one or :many), whose
+// statement text sqlc keeps to itself: call runs the method on the DBTX it
+// is given. It is run twice: now, on a DBTX that only notes the statement
+// and its arguments (the method gets errNotYet), and again once the
+// transaction has committed, on a DBTX that hands the method the rows.
+// What the second run gets is what counts; if the commit fails, no second
+// run comes.
 func (t *Tx) RunAtCommit(call func(db DBTX)) {
-	var noted noteRow
+	var noted noteCall
 	call(&noted)
 	if noted.sql == "" {
-		panic("database: RunAtCommit's call ran no QueryRow")
+		panic("database: RunAtCommit's call ran no query")
 	}
-	t.ReadAtCommit(func(row pgx.Row) { call(rowDB{row}) }, noted.sql, noted.args...)
+	rows := t.readLater(noted.sql, noted.args)
+	t.readers = append(t.readers, func() { call(keptDB{rows}) })
 }
 
 // errNotYet is what a method run by RunAtCommit gets on its first run.
 var errNotYet = errors.New("database: the statement runs at COMMIT")
 
-// noteRow notes the statement of a method's QueryRow (RunAtCommit).
-type noteRow struct {
+// noteCall notes the statement of a method's query (RunAtCommit).
+type noteCall struct {
 	sql  string
 	args []any
 }
 
-func (n *noteRow) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+func (n *noteCall) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
 	n.sql, n.args = sql, args
 	return ErrRow{errNotYet}
 }
 
-func (n *noteRow) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+func (n *noteCall) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	n.sql, n.args = sql, args
+	return nil, errNotYet
+}
+
+func (n *noteCall) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
 	return pgconn.CommandTag{}, errNotLater
 }
 
-func (n *noteRow) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errNotLater }
+// keptDB hands a method the rows its statement returned (RunAtCommit).
+type keptDB struct{ rows *lateRows }
 
-// rowDB hands a method the row its statement returned (RunAtCommit).
-type rowDB struct{ row pgx.Row }
+func (k keptDB) QueryRow(context.Context, string, ...any) pgx.Row { return k.rows.first() }
 
-func (r rowDB) QueryRow(context.Context, string, ...any) pgx.Row { return r.row }
-
-func (r rowDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
-	return pgconn.CommandTag{}, errNotLater
+func (k keptDB) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return &cursor{lateRows: k.rows}, nil
 }
 
-func (r rowDB) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errNotLater }
+func (k keptDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errNotLater
+}
 
 // AfterCommit queues b's statements to follow COMMIT in Commit's round
 // trip. They run only if the transaction committed, in a transaction of
@@ -257,23 +337,24 @@ var errCommitCallback = errors.New("database: statements sent with COMMIT cannot
 // trip (and what AfterCommit queued). A statement that fails leaves the
 // transaction uncommitted (End rolls it back); so does a transaction an
 // earlier failure aborted (pgx.ErrTxCommitRollback, and nothing is sent).
-// The statements that go with COMMIT (WithCommit's, then last's), Begin's
-// too if nothing was sent before, may not have callbacks (errCommitCallback): only their errors
-// count, and those stop the commit. ReadAtCommit's queries follow them.
+// The statements that go with COMMIT (WithCommit's, ReadAtCommit's and
+// RunAtCommit's in the order they were queued, then last's) run in that
+// order. WithCommit's and last's, Begin's too if nothing was sent before,
+// may not have callbacks (errCommitCallback): only their errors count, and
+// those stop the commit.
 func (t *Tx) Commit(ctx context.Context, last *pgx.Batch) error {
 	if t.pending == nil && t.conn.Conn().PgConn().TxStatus() == 'E' {
 		return pgx.ErrTxCommitRollback
 	}
-	b := &pgx.Batch{QueuedQueries: slices.Clone(t.with)}
+	if t.withCallback || hasCallback(t.pending) || last != nil && hasCallback(last.QueuedQueries) {
+		return errCommitCallback
+	}
+	// The reads' callbacks always return nil: they cannot stop what the
+	// server runs, and do not pretend to.
+	b := &pgx.Batch{QueuedQueries: slices.Clone(t.atCommit)}
 	if last != nil {
 		b.QueuedQueries = append(b.QueuedQueries, last.QueuedQueries...)
 	}
-	if hasCallback(t.pending) || hasCallback(b.QueuedQueries) {
-		return errCommitCallback
-	}
-	// ReadAtCommit's callbacks always return nil: they cannot stop what
-	// the server runs, and do not pretend to.
-	b.QueuedQueries = append(b.QueuedQueries, t.reads...)
 	var tag pgconn.CommandTag
 	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
 		tag = ct

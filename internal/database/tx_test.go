@@ -345,6 +345,76 @@ func TestRunAtCommit(t *testing.T) {
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 1"))
 }
 
+// TestRunAtCommitManyRows: a method of many rows (sqlc's :many) run at
+// COMMIT reads every row; and what is queued at COMMIT runs in the order
+// it was queued, ahead of Commit's own statements, so a later statement
+// sees an earlier one's writes.
+func TestRunAtCommitManyRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, _ := txPool(t)
+	trips.Take()
+
+	// insertNotes is shaped as sqlc's :many methods are.
+	insertNotes := func(ctx context.Context, db DBTX, ids []int) ([]string, error) {
+		rows, err := db.Query(ctx, "INSERT INTO t (id, note) SELECT i, 'n' || i FROM unnest($1::int[]) i RETURNING note", ids)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var notes []string
+		for rows.Next() {
+			var n string
+			if err := rows.Scan(&n); err != nil {
+				return nil, err
+			}
+			notes = append(notes, n)
+		}
+		return notes, rows.Err()
+	}
+	var notes []string
+	var err error
+	var counted int
+	tx, err := Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	tx.RunAtCommit(func(db DBTX) { notes, err = insertNotes(ctx, db, []int{1, 2, 3}) })
+	require.ErrorIs(t, err, errNotYet)
+	tx.ReadAtCommit(func(row pgx.Row) { _ = row.Scan(&counted) }, "SELECT count(*)::int FROM t")
+	last := &pgx.Batch{}
+	last.Queue("UPDATE t SET note = 'seen' WHERE id = 1")
+	require.NoError(t, tx.Commit(ctx, last))
+	tx.End(ctx)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"n1", "n2", "n3"}, notes)
+	require.Equal(t, 3, counted, "the count ran after the insert queued before it")
+	require.Len(t, trips.Take(), 1)
+
+	// Values decodes a row as pgx's own rows do; a query of no rows
+	// reads none.
+	var values []any
+	var more bool
+	tx, err = Begin(ctx, pool, nil)
+	require.NoError(t, err)
+	tx.RunAtCommit(func(db DBTX) {
+		rows, qerr := db.Query(ctx, "SELECT id, note FROM t WHERE id = 2")
+		if qerr != nil {
+			err = qerr
+			return
+		}
+		if rows.Next() {
+			values, err = rows.Values()
+			more = rows.Next()
+		}
+	})
+	tx.RunAtCommit(func(db DBTX) { notes, err = insertNotes(ctx, db, nil) })
+	require.NoError(t, tx.Commit(ctx, nil))
+	tx.End(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []any{int32(2), "n2"}, values)
+	require.False(t, more)
+	require.Empty(t, notes)
+}
+
 // TestCommitRefusesWhatCannotCommit: statements sent with COMMIT may not
 // have callbacks, whose errors could not stop the commit; and a
 // transaction an earlier statement aborted is not committed, nor is what
