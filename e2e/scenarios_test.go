@@ -444,7 +444,9 @@ func (s *scenario) postUserUntilAnswered(key string, body []byte) (userAnswer, b
 
 // 11. The sender holds still inside its recording transaction, after it has
 // linked students and rescheduled rows and before it commits
-// (PAUSE_POINT=sender-in-record@5). The network to Student's database
+// (PAUSE_POINT=sender-in-record@5; with it the sender sends a batch of
+// deliveries' links ahead of the commit, as it does for a batch with
+// retries, rather than all in one round trip). The network to Student's database
 // freezes; the commit goes into the freeze. The open transaction locks the
 // batch's outbox rows and students: the sender's later attempts to record
 // the same answers wait on those locks, and its claims skip the rows (SKIP

@@ -229,7 +229,7 @@ end_idle:
 					printf("MSG: sender %d links the student to user U%d and marks the row delivered\n", me, user)
 #endif
 				:: else ->
-					/* a conflict: MarkDead with the nil token, no fence */
+					/* a conflict: LinkStudents dead-letters the row itself, no fence */
 					if
 					:: state == PENDING -> state = DEAD; class = CONFLICT; lease = 0; leaseRunning = false
 					:: else -> skip

@@ -49,3 +49,8 @@ func Hit(name string) { hit(name) }
 // it names, after printing "pausepoint: NAME reached" to stderr. It pauses
 // once per process; see on.go.
 func Pause(name string) { pause(name) }
+
+// Pausing reports whether PAUSE_POINT names name: a step that would
+// otherwise send its statements and its commit in one round trip, with no
+// moment between them to pause in, keeps them apart then.
+func Pausing(name string) bool { return pausing(name) }

@@ -8,3 +8,5 @@ const Compiled = false
 func hit(string) {}
 
 func pause(string) {}
+
+func pausing(string) bool { return false }

@@ -83,6 +83,8 @@ func hit(name string) {
 	}
 }
 
+func pausing(name string) bool { return pausePoint == name }
+
 func pause(name string) {
 	if pausePoint == "" || pausePoint != name {
 		return

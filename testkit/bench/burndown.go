@@ -487,11 +487,12 @@ func (b *bench) createUser(ctx context.Context, ib *inbox.Inbox, row claimed) (u
 	return out.ResourceID, nil
 }
 
-// record writes one batch of answers as the sender's write() does for
-// deliveries: in one transaction bounded by SENDER_DATABASE_TIMEOUT, link
-// the students and mark their rows delivered (one statement, with BEGIN),
-// then add an attempt event per row and trim each row's history (one
-// statement, with COMMIT).
+// record writes one batch of answers as the sender's store.Record does
+// for deliveries: in one transaction bounded by SENDER_DATABASE_TIMEOUT,
+// link the students and mark their rows delivered (one statement), then
+// add an attempt event per row and trim each row's history (one
+// statement), all in one round trip with BEGIN and COMMIT; the links'
+// answer is read after the commit.
 func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered) error {
 	var (
 		studentIDs, userIDs, keys []uuid.UUID
@@ -512,37 +513,36 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 	link, events := b.q["LinkStudents"], b.q["RecordEvents"]
 	ctx, cancel := database.WithDeadline(ctx, senderDBTimeout)
 	defer cancel()
-	// As the sender's store.Record does it: BEGIN with the links, the
-	// history with COMMIT (database.Tx), two round trips.
 	tx, err := database.Begin(ctx, pool, nil)
 	defer tx.End(ctx)
 	if err != nil {
 		return err
 	}
-	args, err := link.args(map[string]any{"outbox_ids": outboxIDs, "student_ids": studentIDs, "user_ids": userIDs})
+	args, err := link.args(map[string]any{
+		"outbox_ids": outboxIDs, "student_ids": studentIDs, "user_ids": userIDs, "conflict_errors": errs,
+	})
 	if err != nil {
 		return err
 	}
-	rows, err := tx.Query(ctx, link.sql, args...)
-	if err != nil {
-		return fmt.Errorf("link students: %w", err)
-	}
-	// Each row: the student linked, and whether its outbox row was
-	// marked delivered by this statement.
-	marked, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (bool, error) {
-		var (
-			student uuid.UUID
-			m       bool
-		)
-		err := row.Scan(&student, &m)
-		return m, err
+	// Each row: the answer's outbox row, whether its student was linked,
+	// and whether this statement settled the row.
+	var settled []bool
+	var linkErr error
+	tx.RunAtCommit(func(db database.DBTX) {
+		rows, err := db.Query(ctx, link.sql, args...)
+		if err != nil {
+			linkErr = err
+			return
+		}
+		settled, linkErr = pgx.CollectRows(rows, func(row pgx.CollectableRow) (bool, error) {
+			var (
+				id             int64
+				linked, marked bool
+			)
+			err := row.Scan(&id, &linked, &marked)
+			return linked && marked, err
+		})
 	})
-	if err != nil {
-		return fmt.Errorf("link students: %w", err)
-	}
-	if n := len(marked); n != len(batch) || slices.Contains(marked, false) {
-		return fmt.Errorf("link students: %d of %d linked, not all marked delivered", n, len(batch))
-	}
 	if args, err = events.args(map[string]any{
 		"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep), "kind": "attempt", "actor": "bench-bound", "attempts": attempts,
 		"outcomes": outcomes, "reason_classes": classes, "errors": errs, "idempotency_keys": keys,
@@ -552,7 +552,13 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 	history := &pgx.Batch{}
 	history.Queue(events.sql, args...)
 	if err := tx.Commit(ctx, history); err != nil {
-		return fmt.Errorf("record history and commit: %w", err)
+		return fmt.Errorf("link students, record history and commit: %w", err)
+	}
+	if linkErr != nil {
+		return fmt.Errorf("link students: %w", linkErr)
+	}
+	if n := len(settled); n != len(batch) || slices.Contains(settled, false) {
+		return fmt.Errorf("link students: %d answers, not all linked and marked delivered", n)
 	}
 	return nil
 }

@@ -118,7 +118,7 @@ func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]
 const linkStudents = `-- name: LinkStudents :many
 WITH answers AS (
     SELECT unnest($1::bigint[]) AS outbox_id, unnest($2::uuid[]) AS student_id,
-           unnest($3::uuid[]) AS user_id
+           unnest($3::uuid[]) AS user_id, unnest($4::text[]) AS conflict_error
 ), linked AS (
     UPDATE students s
     SET user_id = a.user_id, updated_at = now()
@@ -132,39 +132,63 @@ WITH answers AS (
     FROM answers a JOIN linked l ON l.id = a.student_id
     WHERE o.id = a.outbox_id AND o.state <> 'delivered'
     RETURNING o.id
+), refused AS MATERIALIZED (
+    -- Apart, so that the outbox is looked at only for the answers refused
+    -- (rarely any), not for every answer.
+    SELECT a.outbox_id, a.conflict_error FROM answers a
+    WHERE NOT EXISTS (SELECT 1 FROM linked l WHERE l.id = a.student_id)
+), conflicted AS (
+    UPDATE outbox o
+    SET state = 'dead', dead_at = now(), last_error = r.conflict_error, reason_class = 'conflict',
+        lease_token = NULL
+    FROM refused r
+    WHERE o.id = r.outbox_id AND o.state IN ('pending', 'published')
+    RETURNING o.id
 )
-SELECT l.id AS student_id,
-       EXISTS (SELECT 1 FROM delivered d JOIN answers a ON a.outbox_id = d.id WHERE a.student_id = l.id)::boolean AS marked
-FROM linked l
+SELECT a.outbox_id::bigint AS outbox_id,
+       EXISTS (SELECT 1 FROM linked l WHERE l.id = a.student_id)::boolean AS linked,
+       (EXISTS (SELECT 1 FROM delivered d WHERE d.id = a.outbox_id)
+        OR EXISTS (SELECT 1 FROM conflicted c WHERE c.id = a.outbox_id))::boolean AS settled
+FROM answers a
 `
 
 type LinkStudentsParams struct {
-	OutboxIds  []int64
-	StudentIds []uuid.UUID
-	UserIds    []uuid.UUID
+	OutboxIds      []int64
+	StudentIds     []uuid.UUID
+	UserIds        []uuid.UUID
+	ConflictErrors []string
 }
 
 type LinkStudentsRow struct {
-	StudentID uuid.UUID
-	Marked    bool
+	OutboxID int64
+	Linked   bool
+	Settled  bool
 }
 
 // Records each returned user id on its student unless the student is
 // already linked to a different user, and marks the outbox rows of the
 // students it linked delivered: one statement, so one round trip, for the
-// whole of a delivery's bookkeeping. The student ids that come back were
-// linked (or already held that same user); the caller treats the rest as
-// conflicts. marked says whether this statement settled the student's row:
-// false when it was delivered already (by another sender whose lease this
-// one outlived), so that each settlement is counted once.
+// whole of a delivery's bookkeeping. A row whose student holds a
+// different user is a conflict: it is dead-lettered, with its
+// @conflict_errors entry, while it still waits. It returns a row per
+// answer: linked says whether the student was linked (or already held that
+// same user); settled whether this statement settled the outbox row
+// (delivered or dead-lettered it): false when it was delivered already (by
+// another sender whose lease this one outlived), so that each settlement
+// is counted once.
 //
-// Marking takes no lease check: any answer for this key is the answer, even
-// from a sender whose lease ran out, because Users replays the same result
-// for the key. A user id from Users is the truth, so it also wins over a
-// dead-letter written meanwhile by another sender (for age, say): the user
-// exists.
+// Neither the marking nor the dead-letter takes a lease check: any answer
+// for this key is the answer, even from a sender whose lease ran out,
+// because Users replays the same result for the key. A user id from Users
+// is the truth, so it also wins over a dead-letter written meanwhile by
+// another sender (for age, say): the user exists.
 func (q *Queries) LinkStudents(ctx context.Context, db DBTX, arg LinkStudentsParams) ([]LinkStudentsRow, error) {
-	rows, err := db.Query(ctx, linkStudents, arg.OutboxIds, arg.StudentIds, arg.UserIds)
+	rows, err := db.Query(ctx, linkStudents,
+		arg.OutboxIds,
+		arg.StudentIds,
+		arg.UserIds,
+		arg.ConflictErrors,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +196,7 @@ func (q *Queries) LinkStudents(ctx context.Context, db DBTX, arg LinkStudentsPar
 	var items []LinkStudentsRow
 	for rows.Next() {
 		var i LinkStudentsRow
-		if err := rows.Scan(&i.StudentID, &i.Marked); err != nil {
+		if err := rows.Scan(&i.OutboxID, &i.Linked, &i.Settled); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -188,8 +212,7 @@ UPDATE outbox o
 SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
 FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
              unnest($3::text[]) AS error, unnest($4::text[]) AS reason_class) d
-WHERE o.id = d.id AND o.state = 'pending'
-  AND (d.lease_token = '00000000-0000-0000-0000-000000000000' OR o.lease_token = d.lease_token)
+WHERE o.id = d.id AND o.state = 'pending' AND o.lease_token = d.lease_token
 RETURNING o.id
 `
 
@@ -200,10 +223,9 @@ type MarkDeadParams struct {
 	ReasonClasses []string
 }
 
-// The nil UUID as lease token skips the fence (claims never hand it out):
-// used for rows whose Users answer
-// cannot be recorded (the student is linked to a different user), which,
-// like a delivery, is a fact about the key rather than about a lease.
+// Only the holder of the current lease may dead-letter a row, as with
+// ScheduleRetries. (A conflict, which is a fact about the key rather than
+// about a lease, is dead-lettered by LinkStudents.)
 func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) ([]int64, error) {
 	rows, err := db.Query(ctx, markDead,
 		arg.Ids,
@@ -309,10 +331,19 @@ WITH trimmed AS (
     WHERE old.id = beyond.id
 )
 INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
-SELECT e.outbox_id, $1, e.attempt, e.outcome, NULLIF(e.reason_class, ''), NULLIF(e.error, ''), $2, e.idempotency_key
+SELECT e.outbox_id, $1, e.attempt,
+       CASE WHEN j.refused THEN 'dead' ELSE e.outcome END,
+       CASE WHEN j.refused THEN 'conflict' ELSE NULLIF(e.reason_class, '') END,
+       CASE WHEN e.outcome = 'delivered' AND NOT j.refused THEN NULL ELSE NULLIF(e.error, '') END,
+       $2, e.idempotency_key
 FROM (SELECT unnest($3::bigint[]) AS outbox_id, unnest($4::integer[]) AS attempt,
              unnest($5::text[]) AS outcome, unnest($6::text[]) AS reason_class,
              unnest($7::text[]) AS error, unnest($8::uuid[]) AS idempotency_key) e
+CROSS JOIN LATERAL (
+    SELECT e.outcome = 'delivered'
+           AND EXISTS (SELECT 1 FROM outbox o WHERE o.id = e.outbox_id AND o.state <> 'delivered') AS refused
+    OFFSET 0
+) j
 `
 
 type RecordEventsParams struct {
@@ -333,6 +364,15 @@ type RecordEventsParams struct {
 // them. It also keeps each history bounded, however long a row is retried
 // or redriven: the DELETE sees the events from before this statement, so
 // keeping the newest @keep - 1 of them leaves @keep with the new one.
+//
+// An event of a delivery is written as the delivery turned out, so that
+// it can go out with LinkStudents, before its answer is known: a row that
+// is not delivered by now had its answer refused by LinkStudents earlier
+// in the transaction (the student holds another user), and its event is
+// the conflict, with the error given for that case. A delivery that was
+// recorded has no error.
+// OFFSET 0 keeps the planner from copying the lookup into each CASE: the
+// row is looked up once, and the events keep the batch's order.
 func (q *Queries) RecordEvents(ctx context.Context, db DBTX, arg RecordEventsParams) error {
 	_, err := db.Exec(ctx, recordEvents,
 		arg.Kind,

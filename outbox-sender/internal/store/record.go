@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,8 +57,13 @@ const HistoryKeep = 20
 // in each row's history, naming l.Holder.
 //
 // BEGIN rides with the first statement and COMMIT with the history
-// (database.Tx), so a batch of deliveries, the common case, costs two
-// round trips: the links, then the history with the commit.
+// (database.Tx). A batch of deliveries alone, the common case, is one
+// round trip: the links, the history and COMMIT go out together, and the
+// links' answer is read after the commit. Nothing sent in it depends on
+// that answer: LinkStudents dead-letters a conflict itself, and
+// RecordEvents writes a refused delivery's event as the conflict. A batch
+// with anything else costs a round trip more, since which retries and
+// dead letters were written (the lease's fence) decides the history.
 func (s *Store) Record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
@@ -87,10 +93,25 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 			return Recorded{}, fmt.Errorf("lock the recorded rows: %w", err)
 		}
 	}
-	w.retries.MaxAge = l.MaxAge
-	if err := s.link(ctx, tx, w, &rec); err != nil {
-		return Recorded{}, err
+	var (
+		links   []outboxdb.LinkStudentsRow
+		linkErr error
+	)
+	link := func(db database.DBTX) { links, linkErr = s.q.LinkStudents(ctx, db, w.link) }
+	// The scenario that freezes the network inside this transaction
+	// (PAUSE_POINT) needs a moment between the links and the commit.
+	atCommit := w.deliveriesOnly() && !crashpoint.Pausing(crashpoint.SenderInRecord)
+	switch {
+	case len(w.link.OutboxIds) == 0:
+	case atCommit:
+		tx.RunAtCommit(link)
+	default:
+		if link(tx); linkErr != nil {
+			return Recorded{}, fmt.Errorf("link students: %w", linkErr)
+		}
+		rec.linked(links, w.link)
 	}
+	w.retries.MaxAge = l.MaxAge
 	if len(w.retries.Ids) > 0 {
 		ids, err := s.q.ScheduleRetries(ctx, tx, w.retries)
 		if err != nil {
@@ -126,7 +147,29 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 	if err := tx.Commit(ctx, &history.Batch); err != nil {
 		return Recorded{}, fmt.Errorf("record history and commit: %w", err)
 	}
+	if atCommit && len(w.link.OutboxIds) > 0 {
+		if linkErr != nil {
+			// Committed: only what the links did is unknown, so the
+			// rows' settlements go uncounted. Their histories are right.
+			return Recorded{}, fmt.Errorf("read the links after the commit: %w", linkErr)
+		}
+		rec.linked(links, w.link)
+	}
 	return rec, nil
+}
+
+// linked notes what LinkStudents did with the answers of link: the rows it
+// settled, and the conflicts.
+func (r *Recorded) linked(links []outboxdb.LinkStudentsRow, link outboxdb.LinkStudentsParams) {
+	for _, l := range links {
+		if l.Settled {
+			r.Applied[l.OutboxID] = true
+		}
+		if !l.Linked {
+			i := slices.Index(link.OutboxIds, l.OutboxID)
+			r.Conflicts[l.OutboxID] = link.UserIds[i]
+		}
+	}
 }
 
 func (r *Recorded) apply(ids []int64) {
@@ -139,7 +182,6 @@ func (r *Recorded) apply(ids []int64) {
 // parameters.
 type writes struct {
 	link     outboxdb.LinkStudentsParams
-	linkRows map[uuid.UUID]Row // the delivered rows, by student
 	retries  outboxdb.ScheduleRetriesParams
 	deaths   outboxdb.MarkDeadParams
 	releases outboxdb.ReleaseParams
@@ -150,15 +192,20 @@ type writes struct {
 	brokered bool
 }
 
+// deliveriesOnly: the batch holds nothing but deliveries.
+func (w *writes) deliveriesOnly() bool {
+	return !w.brokered && len(w.retries.Ids)+len(w.deaths.Ids)+len(w.published.Ids)+len(w.releases.Ids) == 0
+}
+
 func sortResults(batch []Result) *writes {
-	w := &writes{linkRows: map[uuid.UUID]Row{}}
+	w := &writes{}
 	for _, r := range batch {
 		switch r.Outcome {
 		case outbox.OutcomeDelivered:
 			w.link.OutboxIds = append(w.link.OutboxIds, r.Row.ID)
 			w.link.StudentIds = append(w.link.StudentIds, r.Row.StudentID)
 			w.link.UserIds = append(w.link.UserIds, r.UserID)
-			w.linkRows[r.Row.StudentID] = r.Row
+			w.link.ConflictErrors = append(w.link.ConflictErrors, cleanError(ConflictError(r.UserID)))
 		case outbox.OutcomeRetry:
 			// A failed publish the broker may have taken after all.
 			w.brokered = w.brokered || r.Class == outbox.ReasonBrokerUnreachable || r.Class == outbox.ReasonBrokerFull
@@ -198,37 +245,6 @@ func (w *writes) dead(id int64, lease uuid.UUID, msg, class string) {
 	w.deaths.ReasonClasses = append(w.deaths.ReasonClasses, class)
 }
 
-// link records user ids on their students and marks those rows delivered,
-// in one statement. A student already linked to a different user is never
-// overwritten: its row is dead-lettered as a conflict instead, without the
-// lease's fence (the answer is a fact about the key, not the lease; the nil
-// token skips the fence in MarkDead).
-func (s *Store) link(ctx context.Context, tx *database.Tx, w *writes, rec *Recorded) error {
-	if len(w.link.StudentIds) == 0 {
-		return nil
-	}
-	linked, err := s.q.LinkStudents(ctx, tx, w.link)
-	if err != nil {
-		return fmt.Errorf("link students: %w", err)
-	}
-	done := make(map[uuid.UUID]bool, len(linked))
-	for _, l := range linked {
-		done[l.StudentID] = true
-		if l.Marked {
-			rec.Applied[w.linkRows[l.StudentID].ID] = true
-		}
-	}
-	for i, sid := range w.link.StudentIds {
-		if done[sid] {
-			continue
-		}
-		row, user := w.linkRows[sid], w.link.UserIds[i]
-		rec.Conflicts[row.ID] = user
-		w.dead(row.ID, uuid.Nil, ConflictError(user), outbox.ReasonConflict)
-	}
-	return nil
-}
-
 // ConflictError is the error recorded for a row whose student is linked to
 // another user than the one Users answered with.
 func ConflictError(answered uuid.UUID) string {
@@ -239,7 +255,9 @@ func ConflictError(answered uuid.UUID) string {
 // the rows' histories, trimming each to its newest HistoryKeep events (one
 // statement, RecordEvents), to be sent with the commit. Rows handed back
 // were not attempted, and a retry or dead-letter that was not applied
-// (another sender took the lease over) is that sender's to tell.
+// (another sender took the lease over) is that sender's to tell. A
+// delivery's event carries the error for a conflict: RecordEvents writes
+// it if the link was refused.
 func (s *Store) recordHistory(ctx context.Context, history *database.Later, actor string, batch []Result, rec Recorded) {
 	ev := outboxdb.RecordEventsParams{Kind: "attempt", Actor: actor, Keep: HistoryKeep}
 	for _, r := range batch {
@@ -247,14 +265,14 @@ func (s *Store) recordHistory(ctx context.Context, history *database.Later, acto
 		if r.Outcome == outbox.OutcomeReleased || r.Outcome == outbox.OutcomeUnread || (r.Outcome == outbox.OutcomeRetry || r.Outcome == outbox.OutcomeDead || r.Outcome == outbox.OutcomePublished) && !rec.Applied[r.Row.ID] {
 			continue
 		}
-		outcome, class, why := r.Outcome, r.Class, r.Error
-		if user, ok := rec.Conflicts[r.Row.ID]; ok {
-			outcome, class, why = outbox.OutcomeDead, outbox.ReasonConflict, ConflictError(user)
+		why := r.Error
+		if r.Outcome == outbox.OutcomeDelivered {
+			why = ConflictError(r.UserID)
 		}
 		ev.OutboxIds = append(ev.OutboxIds, r.Row.ID)
 		ev.Attempts = append(ev.Attempts, int32(r.Row.Attempts)) //nolint:gosec // attempts are an integer column
-		ev.Outcomes = append(ev.Outcomes, outcome)
-		ev.ReasonClasses = append(ev.ReasonClasses, class)
+		ev.Outcomes = append(ev.Outcomes, r.Outcome)
+		ev.ReasonClasses = append(ev.ReasonClasses, r.Class)
 		ev.Errors = append(ev.Errors, cleanError(why))
 		ev.IdempotencyKeys = append(ev.IdempotencyKeys, r.Row.IdempotencyKey)
 	}

@@ -109,6 +109,7 @@ func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 	out := make([]ReplyApplied, len(rs))
 	var link outboxdb.LinkStudentsParams
 	var linking []int // the replies link tries, by index in rs
+	refusedByLink := map[int]bool{}
 	for i, r := range rs {
 		row := rows[r.Key]
 		if row != nil {
@@ -129,6 +130,7 @@ func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 			link.OutboxIds = append(link.OutboxIds, row.ID)
 			link.StudentIds = append(link.StudentIds, row.StudentID)
 			link.UserIds = append(link.UserIds, r.UserID)
+			link.ConflictErrors = append(link.ConflictErrors, cleanError(ConflictError(r.UserID)))
 			linking = append(linking, i)
 			// A later reply in the batch for the same row sees it settled.
 			row.State, row.StudentUserID = outbox.StateDelivered, uuid.NullUUID{UUID: r.UserID, Valid: true}
@@ -141,13 +143,16 @@ func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 		if err != nil {
 			return nil, fmt.Errorf("link students: %w", err)
 		}
-		done := make(map[uuid.UUID]bool, len(linked))
+		done := make(map[int64]bool, len(linked))
 		for _, l := range linked {
-			done[l.StudentID] = true
+			done[l.OutboxID] = l.Linked
 		}
 		for _, i := range linking {
-			if !done[rows[rs[i].Key].StudentID] {
-				out[i].Outcome = ReplyConflict // linked to another user since the lock
+			if !done[out[i].OutboxID] {
+				// Linked to another user since the lock: LinkStudents
+				// has dead-lettered the row.
+				out[i].Outcome = ReplyConflict
+				refusedByLink[i] = true
 			}
 		}
 	}
@@ -169,7 +174,9 @@ func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 			addEvent(&event, row, r.Key, outbox.OutcomeDelivered, "", "")
 		case ReplyConflict:
 			why := ConflictError(r.UserID)
-			addDead(&dead, row.ID, outbox.ReasonConflict, why)
+			if !refusedByLink[i] {
+				addDead(&dead, row.ID, outbox.ReasonConflict, why)
+			}
 			addEvent(&event, row, r.Key, outbox.OutcomeDead, outbox.ReasonConflict, why)
 		case ReplyRefused:
 			addDead(&dead, row.ID, r.Class, r.Error)

@@ -127,26 +127,50 @@ func TestLateSuccessWinsOverDeadLetter(t *testing.T) {
 
 // TestConflictIsDeadNotOverwritten: an answer whose user differs from the
 // one the student holds dead-letters the row as a conflict and leaves the
-// student's link as it is.
+// student's link as it is; its history says so. Both ways a batch is
+// recorded: deliveries alone (one round trip, the links read after the
+// commit) and beside a retry (the links read before the rest is sent).
 func TestConflictIsDeadNotOverwritten(t *testing.T) {
 	t.Parallel()
-	pool, st, ids := newStore(t, 1)
+	pool, st, ids := newStore(t, 4)
 	ctx := context.Background()
-	rows, err := st.ClaimDue(ctx, lease, 1)
+	rows, err := st.ClaimDue(ctx, lease, 4)
 	require.NoError(t, err)
+	require.Len(t, rows, 4)
 	other := uuid.New()
-	_, err = pool.Exec(ctx, "UPDATE students SET user_id = $1", other)
+	byStudent := map[uuid.UUID]Row{}
+	for _, r := range rows {
+		byStudent[r.StudentID] = r
+	}
+	// The first student of each batch holds another user already.
+	_, err = pool.Exec(ctx, "UPDATE students SET user_id = $1 WHERE id = ANY($2)", other, []uuid.UUID{ids[0], ids[2]})
 	require.NoError(t, err)
 
-	answered := uuid.New()
-	rec, err := st.Record(ctx, lease, []Result{{Row: rows[0], Outcome: outbox.OutcomeDelivered, UserID: answered}})
-	require.NoError(t, err)
-	require.Equal(t, map[int64]uuid.UUID{rows[0].ID: answered}, rec.Conflicts)
-	require.True(t, rec.Applied[rows[0].ID])
-	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE id = $1 AND user_id = $2", ids[0], other))
-	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead' AND reason_class = $1 AND last_error = $2",
-		outbox.ReasonConflict, ConflictError(answered)))
-	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'dead' AND reason_class = $1", outbox.ReasonConflict))
+	for _, batch := range [][]Result{
+		{
+			{Row: byStudent[ids[0]], Outcome: outbox.OutcomeDelivered, UserID: uuid.New()},
+			{Row: byStudent[ids[1]], Outcome: outbox.OutcomeDelivered, UserID: uuid.New()},
+		},
+		{
+			{Row: byStudent[ids[2]], Outcome: outbox.OutcomeDelivered, UserID: uuid.New()},
+			{Row: byStudent[ids[3]], Outcome: outbox.OutcomeRetry, Error: "refused", Delay: time.Second},
+		},
+	} {
+		conflict := batch[0]
+		rec, err := st.Record(ctx, lease, batch)
+		require.NoError(t, err)
+		require.Equal(t, map[int64]uuid.UUID{conflict.Row.ID: conflict.UserID}, rec.Conflicts)
+		require.True(t, rec.Applied[conflict.Row.ID])
+		require.True(t, rec.Applied[batch[1].Row.ID])
+		require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM students WHERE id = $1 AND user_id = $2", conflict.Row.StudentID, other))
+		require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE id = $1 AND state = 'dead' AND reason_class = $2 AND last_error = $3",
+			conflict.Row.ID, outbox.ReasonConflict, ConflictError(conflict.UserID)))
+		require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outbox_id = $1 AND outcome = 'dead' AND reason_class = $2 AND error = $3",
+			conflict.Row.ID, outbox.ReasonConflict, ConflictError(conflict.UserID)))
+	}
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'delivered' AND error IS NULL AND reason_class IS NULL"),
+		"the delivery beside the conflict is recorded as one, without the conflict's error")
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'retry' AND error = 'refused'"))
 }
 
 // TestPurgeKeepsDeadRows: delivered rows past the retention go, with their
@@ -198,8 +222,8 @@ func TestNewKeySafeIsTheStoresRule(t *testing.T) {
 
 // TestRecordRoundTrips counts what recording sends to the database: each
 // batch is one round trip, and every answer waits for all of them. A batch
-// of deliveries: BEGIN with the links, then the history with COMMIT; a
-// batch of retries, BEGIN with the retries instead.
+// of deliveries alone: BEGIN, the links, the history and COMMIT in one; a
+// batch of retries, BEGIN with the retries, then the history with COMMIT.
 func TestRecordRoundTrips(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
@@ -217,7 +241,7 @@ func TestRecordRoundTrips(t *testing.T) {
 		{Row: rows[1], Outcome: outbox.OutcomeDelivered, UserID: uuid.New()},
 	})
 	require.NoError(t, err)
-	require.Len(t, trips.Take(), 2, "deliveries")
+	require.Len(t, trips.Take(), 1, "deliveries")
 	require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'"))
 	require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'delivered'"))
 
