@@ -88,6 +88,7 @@ func (b *bench) compare(ctx context.Context, o options, builds []build, baseline
 				tag := fmt.Sprintf("round %d/%d, %s", r, o.rounds, bd.name)
 				b.bins, b.env = bd.bins, bd.env
 				b.printf("%s  latency at %.0f/s ...\n", tag, rate)
+				b.perfName = fmt.Sprintf("round%d-%s", r, bd.name)
 				res, err := b.latency(ctx, rate, sourcePoll, o.latencyWarmup, o.latencyDuration, nil)
 				if err != nil {
 					return fmt.Errorf("%s, latency: %w", tag, err)

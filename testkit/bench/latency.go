@@ -223,6 +223,10 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	if err != nil {
 		return latencyResult{}, err
 	}
+	profiled := func() error { return nil }
+	if b.perfDir != "" && rate == profileRate {
+		profiled = b.profile(ctx, fmt.Sprintf("%s-%.0f", b.perfName, rate), warmup, duration)
+	}
 	err = openLoop(ctx, client, sys.studentURL(), rate, count, 2048, func(n int64, at time.Time, id uuid.UUID) {
 		sent.Add(1)
 		if n < firstMeasured {
@@ -236,6 +240,9 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 		return latencyResult{}, errors.Join(fmt.Errorf("%.0f/s: %w", rate, err), sys.alive())
 	}
 	if _, err := waitLinked(ctx, d.studentAdmin, b.history+int(sent.Load()), 60*time.Second, sys.alive); err != nil {
+		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
+	}
+	if err := profiled(); err != nil {
 		return latencyResult{}, fmt.Errorf("%.0f/s: %w", rate, err)
 	}
 	cost, err := spent()

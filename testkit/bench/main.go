@@ -79,6 +79,7 @@ type options struct {
 	latencyWarmup    time.Duration
 	latencyDuration  time.Duration
 	history          int
+	perfDir          string
 	idleSettle       time.Duration
 	idleWindow       time.Duration
 	cdc              bool
@@ -104,6 +105,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	fs.IntVar(&o.rows, "rows", 20000, "burndown: backlog of students with their outbox rows")
 	fs.DurationVar(&o.latencyWarmup, "latency-warmup", 2*time.Second, "latency: warm-up at the rate, not measured")
 	fs.DurationVar(&o.latencyDuration, "latency-duration", 15*time.Second, "latency: measured time at each rate")
+	fs.StringVar(&o.perfDir, "perf", "", "latency: a whole-machine CPU profile (Linux perf) of each run at 200/s, into this directory: NAME.data and a report, NAME.txt")
 	fs.IntVar(&o.history, "history", 20000, "latency: students already linked in both databases, with statistics, before each run, as in a deployment that has run a while (0: empty databases)")
 	fs.DurationVar(&o.idleSettle, "idle-settle", 5*time.Second, "idle CPU: wait after the last latency run before sampling")
 	fs.DurationVar(&o.idleWindow, "idle-window", 20*time.Second, "idle CPU: sampling window")
@@ -128,6 +130,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		o.warmup < 0, o.latencyWarmup < 0, o.idleSettle < 0, o.soakWarmup < 0:
 		return errors.New("flags out of range: rounds, rows, students and rate at least 1, clients 1 to 1024, " +
 			"measuring durations positive, warm-ups, settling and history not negative")
+	}
+	if o.perfDir != "" {
+		if o.soak {
+			return errors.New("-perf profiles the latency runs, not the soak")
+		}
+		if err := checkPerf(ctx, o.perfDir); err != nil {
+			return err
+		}
 	}
 	if o.baseline != "" && o.soak {
 		return errors.New("-baseline compares the bench's measures, not the soak: use one or the other")
@@ -199,6 +209,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		out: out, server: serverURL, durability: durability, commitTimes: commitTimes, dir: dir, q: q,
 		procs: &procs{set: map[*proc]bool{}, peak: map[string]int64{}},
 		dbs:   map[string]bool{}, slots: map[string]bool{}, postmaster: postmaster, history: o.history,
+		perfDir: o.perfDir,
 	}
 	// Whatever happens, no child and no database outlives the bench. The
 	// logs are kept when something failed, for the paths the error names,
@@ -344,6 +355,7 @@ func (b *bench) measure(ctx context.Context, o options) error {
 					}
 				}
 				b.printf("%s  latency at %.0f/s%s ...\n", tag, rate, tagFor(src))
+				b.perfName = fmt.Sprintf("round%d-%s", r, src)
 				res, err := b.latency(ctx, rate, src, o.latencyWarmup, o.latencyDuration, after)
 				if err != nil {
 					return fmt.Errorf("%s, latency%s: %w", tag, tagFor(src), err)
