@@ -242,7 +242,12 @@ func (c *cursor) Values() ([]any, error) {
 	return values, nil
 }
 
-func (c *cursor) RawValues() [][]byte { return c.values[c.n-1] }
+func (c *cursor) RawValues() [][]byte {
+	if c.n == 0 {
+		return nil
+	}
+	return c.values[c.n-1]
+}
 
 func (c *cursor) FieldDescriptions() []pgconn.FieldDescription { return c.fields }
 

@@ -372,44 +372,58 @@ func TestRunAtCommitManyRows(t *testing.T) {
 		}
 		return notes, rows.Err()
 	}
-	var notes []string
-	var err error
-	var counted int
+	var (
+		notes             []string
+		insertErr         error
+		counted, seenOne  int
+		before, seenAfter string
+	)
 	tx, err := Begin(ctx, pool, nil)
 	require.NoError(t, err)
-	tx.RunAtCommit(func(db DBTX) { notes, err = insertNotes(ctx, db, []int{1, 2, 3}) })
-	require.ErrorIs(t, err, errNotYet)
+	tx.RunAtCommit(func(db DBTX) { notes, insertErr = insertNotes(ctx, db, []int{1, 2, 3}) })
+	require.ErrorIs(t, insertErr, errNotYet)
+	tx.WithCommit(insert(4, "four"))
 	tx.ReadAtCommit(func(row pgx.Row) { _ = row.Scan(&counted) }, "SELECT count(*)::int FROM t")
+	tx.ReadAtCommit(func(row pgx.Row) { _ = row.Scan(&before) }, "SELECT note FROM t WHERE id = 1")
 	last := &pgx.Batch{}
-	last.Queue("UPDATE t SET note = 'seen' WHERE id = 1")
+	last.Queue("UPDATE t SET note = 'changed by last' WHERE id = 1")
 	require.NoError(t, tx.Commit(ctx, last))
 	tx.End(ctx)
-	require.NoError(t, err)
+	require.NoError(t, insertErr)
 	require.ElementsMatch(t, []string{"n1", "n2", "n3"}, notes)
-	require.Equal(t, 3, counted, "the count ran after the insert queued before it")
+	require.Equal(t, 4, counted, "the count ran after the inserts queued before it, WithCommit's among them")
+	require.Equal(t, "n1", before, "the reads ran ahead of Commit's own statements")
 	require.Len(t, trips.Take(), 1)
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*)::int, max(note) FILTER (WHERE id = 1) FROM t").Scan(&seenOne, &seenAfter))
+	require.Equal(t, 4, seenOne)
+	require.Equal(t, "changed by last", seenAfter, "and Commit's own ran, then COMMIT")
 
 	// Values decodes a row as pgx's own rows do; a query of no rows
 	// reads none.
-	var values []any
-	var more bool
+	var (
+		values            []any
+		more              bool
+		valuesErr, empErr error
+	)
 	tx, err = Begin(ctx, pool, nil)
 	require.NoError(t, err)
 	tx.RunAtCommit(func(db DBTX) {
 		rows, qerr := db.Query(ctx, "SELECT id, note FROM t WHERE id = 2")
 		if qerr != nil {
-			err = qerr
+			valuesErr = qerr
 			return
 		}
+		require.Nil(t, rows.RawValues(), "no row before Next")
 		if rows.Next() {
-			values, err = rows.Values()
+			values, valuesErr = rows.Values()
 			more = rows.Next()
 		}
 	})
-	tx.RunAtCommit(func(db DBTX) { notes, err = insertNotes(ctx, db, nil) })
+	tx.RunAtCommit(func(db DBTX) { notes, empErr = insertNotes(ctx, db, nil) })
 	require.NoError(t, tx.Commit(ctx, nil))
 	tx.End(ctx)
-	require.NoError(t, err)
+	require.NoError(t, valuesErr)
+	require.NoError(t, empErr)
 	require.Equal(t, []any{int32(2), "n2"}, values)
 	require.False(t, more)
 	require.Empty(t, notes)

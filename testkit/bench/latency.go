@@ -226,6 +226,7 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	profiled := func() error { return nil }
 	if b.perfDir != "" && rate == profileRate {
 		profiled = b.profile(ctx, fmt.Sprintf("%s-%.0f", b.perfName, rate), warmup, duration)
+		defer func() { _ = profiled() }() // perf ends before the run's processes, even after an error
 	}
 	err = openLoop(ctx, client, sys.studentURL(), rate, count, 2048, func(n int64, at time.Time, id uuid.UUID) {
 		sent.Add(1)

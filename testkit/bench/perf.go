@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -20,11 +21,12 @@ const profileRate = 200
 // work for each) for d, after a wait of after, into b.perfDir/name.data,
 // and writes b.perfDir/name.txt: the samples by process, by process and
 // object, and the hottest functions. The function it returns waits for the
-// recording and the report.
+// recording and the report; it may be called again, and gives the same
+// error.
 func (b *bench) profile(ctx context.Context, name string, after, d time.Duration) (wait func() error) {
 	done := make(chan error, 1)
 	go func() { done <- b.recordProfile(ctx, name, after, d) }()
-	return func() error { return <-done }
+	return sync.OnceValue(func() error { return <-done })
 }
 
 func (b *bench) recordProfile(ctx context.Context, name string, after, d time.Duration) error {

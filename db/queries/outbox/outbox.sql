@@ -172,11 +172,11 @@ SELECT e.outbox_id, @kind, e.attempt,
 FROM (SELECT unnest(@outbox_ids::bigint[]) AS outbox_id, unnest(@attempts::integer[]) AS attempt,
              unnest(@outcomes::text[]) AS outcome, unnest(@reason_classes::text[]) AS reason_class,
              unnest(@errors::text[]) AS error, unnest(@idempotency_keys::uuid[]) AS idempotency_key) e
--- OFFSET 0 keeps the planner from copying the lookup into each CASE: the
--- row is looked up once, and the events keep the batch's order.
 CROSS JOIN LATERAL (
     SELECT e.outcome = 'delivered'
            AND EXISTS (SELECT 1 FROM outbox o WHERE o.id = e.outbox_id AND o.state <> 'delivered') AS refused
+    -- OFFSET 0 keeps the planner from copying the lookup into each CASE,
+    -- so the row is looked up once.
     OFFSET 0
 ) j;
 

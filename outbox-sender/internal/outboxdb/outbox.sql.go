@@ -342,6 +342,8 @@ FROM (SELECT unnest($3::bigint[]) AS outbox_id, unnest($4::integer[]) AS attempt
 CROSS JOIN LATERAL (
     SELECT e.outcome = 'delivered'
            AND EXISTS (SELECT 1 FROM outbox o WHERE o.id = e.outbox_id AND o.state <> 'delivered') AS refused
+    -- OFFSET 0 keeps the planner from copying the lookup into each CASE,
+    -- so the row is looked up once.
     OFFSET 0
 ) j
 `
@@ -371,8 +373,6 @@ type RecordEventsParams struct {
 // in the transaction (the student holds another user), and its event is
 // the conflict, with the error given for that case. A delivery that was
 // recorded has no error.
-// OFFSET 0 keeps the planner from copying the lookup into each CASE: the
-// row is looked up once, and the events keep the batch's order.
 func (q *Queries) RecordEvents(ctx context.Context, db DBTX, arg RecordEventsParams) error {
 	_, err := db.Exec(ctx, recordEvents,
 		arg.Kind,

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -64,15 +65,23 @@ const HistoryKeep = 20
 // RecordEvents writes a refused delivery's event as the conflict. A batch
 // with anything else costs a round trip more, since which retries and
 // dead letters were written (the lease's fence) decides the history.
+//
+// ErrLinksUnread (wrapped) says the transaction committed but the links'
+// answer could not be read: rec then holds all but what the links did.
 func (s *Store) Record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
 	rec, err := s.record(ctx, l, batch)
 	if err != nil {
-		return Recorded{}, database.Classify(err)
+		return rec, database.Classify(err)
 	}
 	return rec, nil
 }
+
+// ErrLinksUnread: a recording committed, but which rows its links settled
+// and which were conflicts is unknown. Recording the batch again would add
+// to the rows' histories and settle nothing.
+var ErrLinksUnread = errors.New("recorded, but the links' answer could not be read")
 
 func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
 	tx, err := database.Begin(ctx, s.pool, nil)
@@ -149,9 +158,7 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 	}
 	if atCommit && len(w.link.OutboxIds) > 0 {
 		if linkErr != nil {
-			// Committed: only what the links did is unknown, so the
-			// rows' settlements go uncounted. Their histories are right.
-			return Recorded{}, fmt.Errorf("read the links after the commit: %w", linkErr)
+			return rec, fmt.Errorf("%w: %w", ErrLinksUnread, linkErr)
 		}
 		rec.linked(links, w.link)
 	}

@@ -171,6 +171,16 @@ func TestConflictIsDeadNotOverwritten(t *testing.T) {
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'delivered' AND error IS NULL AND reason_class IS NULL"),
 		"the delivery beside the conflict is recorded as one, without the conflict's error")
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'retry' AND error = 'refused'"))
+
+	// The same delivery recorded again (another sender's, whose lease ran
+	// out): it settles nothing more, and is no conflict.
+	again := Result{Row: byStudent[ids[1]], Outcome: outbox.OutcomeDelivered}
+	require.NoError(t, pool.QueryRow(ctx, "SELECT user_id FROM students WHERE id = $1", ids[1]).Scan(&again.UserID))
+	rec, err := st.Record(ctx, lease, []Result{again})
+	require.NoError(t, err)
+	require.False(t, rec.Applied[again.Row.ID], "settled once, by the first recording")
+	require.Empty(t, rec.Conflicts)
+	require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outbox_id = $1 AND outcome = 'delivered'", again.Row.ID))
 }
 
 // TestPurgeKeepsDeadRows: delivered rows past the retention go, with their
