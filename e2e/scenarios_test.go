@@ -486,7 +486,7 @@ func frozenClaim(s *scenario) {
 }
 
 // 13. Users holds still inside an inbox transaction, after it has claimed
-// the key and inserted the user and before it stores the answer and commits
+// the key and before it sends the user, the answer and COMMIT
 // (PAUSE_POINT=users-in-inbox-tx@20). The network to Users' database
 // freezes. The open transaction holds the key's row lock: every retry of
 // that key waits for it (then 409 key in progress) until the server ends

@@ -35,8 +35,8 @@ const (
 	// SenderBeforeClaim: just before the claim statement is sent.
 	SenderBeforeClaim = "sender-before-claim"
 	// UsersInInboxTx: inside Users' inbox transaction, after the key is
-	// claimed and the user inserted, before the answer is stored and the
-	// transaction commits. It holds the key's row lock.
+	// claimed, before the user, the answer and COMMIT go out together. It
+	// holds the key's row lock.
 	UsersInInboxTx = "users-in-inbox-tx"
 )
 

@@ -216,7 +216,7 @@ func (b *bench) burndownReal(ctx context.Context, rows int, source string) (rate
 // batches of SENDER_BATCH_SIZE with the sender's ClaimDue (as
 // outbox_sender); SENDER_CONCURRENCY workers each running Users'
 // create-user transaction for a row (internal/inbox's Do: the key's claim,
-// InsertUser, the stored answer; as users_app, on Users' database); and four
+// InsertNewUser, the stored answer; as users_app, on Users' database); and four
 // recorders writing the answers as the sender does (LinkStudents, which
 // also marks the rows delivered, and RecordEvents, which also trims the
 // histories, in one transaction, a batch being
@@ -446,31 +446,26 @@ func claimRows(results pgx.BatchResults) (pgx.Rows, error) {
 }
 
 // createUser is Users' transaction for one delivery: the payload decoded
-// as Users decodes the body, then the key's claim, the user and the stored
-// answer in one transaction.
+// as Users decodes the body, then the key's claim, and the user with the
+// stored answer and COMMIT (InsertNewUser, which fails if the document
+// number is taken: the bound's students never share one), as Users' first
+// try does.
 func (b *bench) createUser(ctx context.Context, ib *inbox.Inbox, row claimed) (uuid.UUID, error) {
 	var p person.Person
 	if err := json.Unmarshal(row.payload, &p); err != nil {
 		return uuid.Nil, fmt.Errorf("bound: payload: %w", err)
 	}
-	q := b.q["InsertUser"]
+	q := b.q["InsertNewUser"]
 	out, _, err := ib.Do(ctx, inbox.Key{Caller: senderCaller, Value: row.key.String()}, p.Fields(),
 		func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-			args, err := q.args(map[string]any{
-				"id": uuid.Must(uuid.NewV7()), "name": p.Name, "email": p.Email, "document_number": p.DocumentNumber,
-			})
+			id := uuid.Must(uuid.NewV7())
+			args, err := q.args(map[string]any{"id": id, "name": p.Name, "email": p.Email, "document_number": p.DocumentNumber})
 			if err != nil {
 				return inbox.Outcome{}, err
 			}
-			var (
-				id               uuid.UUID
-				name, email, doc string
-				enabled          bool
-				created          time.Time
-			)
-			if err := tx.QueryRow(ctx, q.sql, args...).Scan(&id, &name, &email, &doc, &enabled, &created); err != nil {
-				return inbox.Outcome{}, fmt.Errorf("insert user: %w", err)
-			}
+			insert := &pgx.Batch{}
+			insert.Queue(q.sql, args...)
+			tx.WithCommit(insert)
 			// Users stores its 201 body under the key.
 			body, err := json.Marshal(struct {
 				UserID uuid.UUID `json:"userId"`
@@ -507,7 +502,9 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 		attempts = append(attempts, r.attempts)
 		outcomes = append(outcomes, "delivered")
 		classes = append(classes, "")
-		errs = append(errs, "")
+		// The sender sends, with each delivery, the error its conflict
+		// would have (store.ConflictError); the bound sends as much.
+		errs = append(errs, "student is already linked to a different user; Users answered "+r.userID.String())
 		keys = append(keys, r.key)
 	}
 	link, events := b.q["LinkStudents"], b.q["RecordEvents"]

@@ -23,7 +23,7 @@ import (
 // here.
 var neededQueries = map[string][]string{
 	"InsertStudentWithOutbox": {"id", "name", "email", "document_number", "idempotency_key", "operation", "payload", "trace_parent"},
-	"InsertUser":              {"id", "name", "email", "document_number"},
+	"InsertNewUser":           {"id", "name", "email", "document_number"},
 	"ClaimDue":                {"lease", "claimed_by", "batch_size", "max_age"},
 	"LinkStudents":            {"outbox_ids", "student_ids", "user_ids", "conflict_errors"},
 	"RecordEvents":            {"outbox_ids", "keep", "kind", "actor", "attempts", "outcomes", "reason_classes", "errors", "idempotency_keys"},

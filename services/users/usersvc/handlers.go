@@ -113,11 +113,11 @@ func (s *Server) createUser(w http.ResponseWriter, r *http.Request) error {
 
 // answerCreateUser is the answer stored under the key: the new user's id,
 // or the business rule's refusal, which a repeat of the key gets again.
-func answerCreateUser(u store.User, err error) (inbox.Outcome, error) {
+func answerCreateUser(userID uuid.UUID, err error) (inbox.Outcome, error) {
 	if errors.Is(err, store.ErrDocumentTaken) {
 		return httpapi.Refusal(httpapi.DocumentTaken("an enabled user already has this document number")), nil
 	}
-	return httpapi.Answer(http.StatusCreated, CreatedUser{UserID: u.ID, Status: "created"}, u.ID)
+	return httpapi.Answer(http.StatusCreated, CreatedUser{UserID: userID, Status: "created"}, userID)
 }
 
 func (s *Server) getUser(w http.ResponseWriter, r *http.Request) error {

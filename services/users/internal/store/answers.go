@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/natsbus"
@@ -38,34 +37,25 @@ type Reply struct {
 // alone afterwards, which adds nothing when the first delivery wrote it
 // (the same MessageID) and answers a key first settled over HTTP.
 func (s *Store) CreateUserReplying(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc, r Reply) (out inbox.Outcome, replayed bool, err error) {
-	out, replayed, err = s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-		out, err := s.createUser(ctx, tx, p, answer)
-		if err != nil {
-			return inbox.Outcome{}, err
-		}
-		row, err := answerRow(r, out)
-		if err != nil {
-			return inbox.Outcome{}, err
-		}
-		later := &database.Later{}
-		_ = s.q.InsertAnswer(ctx, later, row) // queued: its error comes from the commit
-		tx.WithCommit(&later.Batch)
-		return out, nil
-	})
+	out, replayed, err = s.create(ctx, key, p, answer, &r)
 	if err != nil || !replayed {
 		return out, replayed, err
 	}
 	return out, replayed, s.RecordReply(ctx, r, out)
 }
 
-// createUser is the create-user operation inside an inbox transaction.
-func (s *Store) createUser(ctx context.Context, tx *database.Tx, p person.Person, answer AnswerFunc) (inbox.Outcome, error) {
-	u, err := s.insertUser(ctx, tx, p)
-	crashpoint.Pause(crashpoint.UsersInInboxTx)
-	if err != nil && !errors.Is(err, ErrDocumentTaken) {
-		return inbox.Outcome{}, err
+// withAnswerRow queues in later the answer row of reply (nil for none),
+// to be sent with the commit.
+func (s *Store) withAnswerRow(ctx context.Context, later *database.Later, reply *Reply, out inbox.Outcome) error {
+	if reply == nil {
+		return nil
 	}
-	return answer(u, err)
+	row, err := answerRow(*reply, out)
+	if err != nil {
+		return err
+	}
+	_ = s.q.InsertAnswer(ctx, later, row) // queued: its error comes from the commit
+	return nil
 }
 
 // RecordReply writes an answer row alone, in a statement of its own: for

@@ -20,22 +20,28 @@ import (
 // TestRoundTrips counts what a delivery sends to the database: each Exec,
 // Query, QueryRow and batch is one round trip, and a request waits for every
 // one of them, so a statement added to the path shows here. A first
-// delivery: BEGIN with its lock timeout and the key's claim (one batch), the
-// user, the stored outcome with COMMIT (one batch). A replay reads the
-// stored answer and counts the replay with COMMIT instead.
+// delivery: BEGIN with its lock timeout and the key's claim (one batch),
+// then the user, the stored outcome and COMMIT (one batch). A replay reads
+// the stored answer and counts the replay with COMMIT instead. A document
+// number already taken fails the first try's insert (the server skips the
+// rest of that batch, COMMIT included, and the ROLLBACK is one more), and a
+// second transaction stores the refusal: the claim, the insert, the
+// outcome with COMMIT.
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, trips := pgtest.TracedPool(t, pgtest.URL(t, migrations.Users), migrations.UsersApp)
+	dbURL := pgtest.URL(t, migrations.Users)
+	pool, trips := pgtest.TracedPool(t, dbURL, migrations.UsersApp)
+	admin := pgtest.Connect(t, dbURL)
 	s := New(pool, time.Second, 5*time.Second)
-	answer := func(u User, err error) (inbox.Outcome, error) {
+	answer := func(id uuid.UUID, err error) (inbox.Outcome, error) {
 		switch {
 		case errors.Is(err, ErrDocumentTaken):
 			return inbox.Outcome{Status: http.StatusConflict, Body: []byte(`{}`)}, nil
 		case err != nil:
 			return inbox.Outcome{}, err
 		}
-		return inbox.Outcome{Status: http.StatusCreated, Body: []byte(`{}`), ResourceID: u.ID}, nil
+		return inbox.Outcome{Status: http.StatusCreated, Body: []byte(`{}`), ResourceID: id}, nil
 	}
 	deliver := func(key, doc string) []string {
 		t.Helper()
@@ -46,9 +52,14 @@ func TestRoundTrips(t *testing.T) {
 		return trips.Take()
 	}
 
-	require.Len(t, deliver("k1", "111-1"), 3, "first delivery")
+	require.Len(t, deliver("k1", "111-1"), 2, "first delivery")
 	require.Len(t, deliver("k1", "111-1"), 3, "replay")
-	require.Len(t, deliver("k2", "111-1"), 3, "first delivery, document number taken")
+	require.Len(t, deliver("k2", "111-1"), 3+3, "first delivery, document number taken")
+	require.Len(t, deliver("k2", "111-1"), 3, "replay of the refusal")
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM users"), "the failed first try left no user")
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM inbox WHERE idempotency_key = 'k2' AND status_code = 409 AND resource_id IS NULL"))
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM inbox i JOIN users u ON u.id = i.resource_id WHERE i.idempotency_key = 'k1' AND i.status_code = 201"),
+		"the first try's stored answer names the user it inserted")
 }
 
 // TestRoundTripsReplying: a command from the broker costs what a delivery
@@ -62,11 +73,11 @@ func TestRoundTripsReplying(t *testing.T) {
 	pool, trips := pgtest.TracedPool(t, dbURL, migrations.UsersApp)
 	admin := pgtest.Connect(t, dbURL)
 	s := New(pool, time.Second, 5*time.Second)
-	answer := func(u User, err error) (inbox.Outcome, error) {
+	answer := func(id uuid.UUID, err error) (inbox.Outcome, error) {
 		if errors.Is(err, ErrDocumentTaken) {
 			return inbox.Outcome{Status: http.StatusConflict, Body: []byte(`{}`)}, nil
 		}
-		return inbox.Outcome{Status: http.StatusCreated, Body: []byte(`{"userId":"x"}`), ResourceID: u.ID}, err
+		return inbox.Outcome{Status: http.StatusCreated, Body: []byte(`{"userId":"x"}`), ResourceID: id}, err
 	}
 	key := uuid.New()
 	reply := Reply{
@@ -83,7 +94,7 @@ func TestRoundTripsReplying(t *testing.T) {
 	}
 	replayed, sent := deliver()
 	require.False(t, replayed)
-	require.Len(t, sent, 3, "first delivery")
+	require.Len(t, sent, 2, "first delivery")
 	replayed, sent = deliver()
 	require.True(t, replayed)
 	require.Len(t, sent, 4, "replay, then the answer row alone")

@@ -13,8 +13,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/person"
@@ -62,18 +64,75 @@ func New(pool *pgxpool.Pool, keyWait, timeout time.Duration) *Store {
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
-// AnswerFunc turns what creating a user produced (the user, or ErrDocumentTaken)
-// into the answer stored under the operation's key.
-type AnswerFunc func(User, error) (inbox.Outcome, error)
+// AnswerFunc turns what creating a user produced (the new user's id, or
+// ErrDocumentTaken) into the answer stored under the operation's key.
+type AnswerFunc func(userID uuid.UUID, err error) (inbox.Outcome, error)
 
 // CreateUser is the create-user operation, at most once per key in its
 // caller's scope: the user (or the refusal) and the answer stored under key
 // commit in one transaction. A repeat of key from the same caller gets the
 // stored answer, with replayed set.
 func (s *Store) CreateUser(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
-	return s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-		return s.createUser(ctx, tx, p, answer)
+	return s.create(ctx, key, p, answer, nil)
+}
+
+// create runs the create-user operation under key, first expecting the
+// document number to be free, as it nearly always is. Then the answer is
+// known before the insert runs (the new user's id is made here), so the
+// insert, the stored answer and COMMIT go out together: two round trips
+// with the key's claim, not three. If the number is taken after all, the
+// insert fails and nothing of that transaction stays, the key's claim
+// included; a second transaction claims the key again and stores the
+// refusal, as an operation whose answer depends on its statement's must:
+// four round trips more (the first try's ROLLBACK, then three), for the
+// rare request the business rule refuses. Between the two the key is free:
+// a repeat of it that commits there is replayed by the second, and one with
+// other fields takes the key, so this request gets the mismatch although it
+// came first (as it would had it come second). reply (nil for none) is the
+// answer row for a broker command, written in the same transaction.
+func (s *Store) create(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, bool, error) {
+	out, replayed, err := s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
+		crashpoint.Pause(crashpoint.UsersInInboxTx)
+		id := uuid.Must(uuid.NewV7())
+		out, err := answer(id, nil)
+		if err != nil {
+			return inbox.Outcome{}, err
+		}
+		later := &database.Later{}
+		_ = s.q.InsertNewUser(ctx, later, usersdb.InsertNewUserParams{ // queued: its error comes from the commit
+			ID: id, Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
+		})
+		if err := s.withAnswerRow(ctx, later, reply, out); err != nil {
+			return inbox.Outcome{}, err
+		}
+		tx.WithCommit(&later.Batch)
+		return out, nil
 	})
+	if !documentTaken(err) {
+		return out, replayed, err
+	}
+	return s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
+		u, err := s.insertUser(ctx, tx, p)
+		if err != nil && !errors.Is(err, ErrDocumentTaken) {
+			return inbox.Outcome{}, err
+		}
+		out, err := answer(u.ID, err)
+		if err != nil {
+			return inbox.Outcome{}, err
+		}
+		later := &database.Later{}
+		if err := s.withAnswerRow(ctx, later, reply, out); err != nil {
+			return inbox.Outcome{}, err
+		}
+		tx.WithCommit(&later.Batch)
+		return out, nil
+	})
+}
+
+// documentTaken: err is InsertNewUser's refusal by the business rule.
+func documentTaken(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "users_one_enabled_per_document"
 }
 
 // insertUser applies the business rule in the database: the partial unique

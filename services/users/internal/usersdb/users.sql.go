@@ -31,6 +31,34 @@ func (q *Queries) GetUser(ctx context.Context, db DBTX, id uuid.UUID) (User, err
 	return i, err
 }
 
+const insertNewUser = `-- name: InsertNewUser :exec
+INSERT INTO users (id, name, email, document_number)
+VALUES ($1, $2, $3, $4)
+`
+
+type InsertNewUserParams struct {
+	ID             uuid.UUID
+	Name           string
+	Email          string
+	DocumentNumber string
+}
+
+// The user of CreateUser's first try, which expects the document number to
+// be free: it goes out with the stored answer and COMMIT, before its own
+// answer is known, so it has no ON CONFLICT. When an enabled user already
+// holds the document number it fails (a unique violation of
+// users_one_enabled_per_document), the commit with it, and nothing is
+// written: the store's create then stores the refusal with InsertUser.
+func (q *Queries) InsertNewUser(ctx context.Context, db DBTX, arg InsertNewUserParams) error {
+	_, err := db.Exec(ctx, insertNewUser,
+		arg.ID,
+		arg.Name,
+		arg.Email,
+		arg.DocumentNumber,
+	)
+	return err
+}
+
 const insertUser = `-- name: InsertUser :one
 INSERT INTO users (id, name, email, document_number)
 VALUES ($1, $2, $3, $4)
