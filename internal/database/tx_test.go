@@ -418,6 +418,9 @@ func TestRunAtCommitManyRows(t *testing.T) {
 			values, valuesErr = rows.Values()
 			more = rows.Next()
 		}
+		if valuesErr == nil {
+			valuesErr = rows.Err()
+		}
 	})
 	tx.RunAtCommit(func(db DBTX) { notes, empErr = insertNotes(ctx, db, nil) })
 	require.NoError(t, tx.Commit(ctx, nil))
