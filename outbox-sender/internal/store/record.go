@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/database"
@@ -84,7 +85,9 @@ func (s *Store) Record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 var ErrLinksUnread = errors.New("recorded, but the links' answer could not be read")
 
 func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
-	tx, err := database.Begin(ctx, s.pool, nil)
+	first := &pgx.Batch{}
+	first.Queue(genericPlans)
+	tx, err := database.Begin(ctx, s.pool, first)
 	defer tx.End(ctx)
 	if err != nil {
 		return Recorded{}, err
@@ -164,6 +167,15 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 	}
 	return rec, nil
 }
+
+// genericPlans has the recording transaction's statements run on generic
+// plans. LinkStudents and RecordEvents are built of CTEs over arrays
+// whose length the planner cannot know, so it judged a plan made for each
+// call's values cheaper and planned them afresh at every call: planning
+// them cost more than running them (docs/performance.md). Their generic
+// plans are the same index lookups. SET LOCAL's effect, in the statement
+// that rides with BEGIN: the setting ends with the transaction.
+const genericPlans = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 // linked notes what LinkStudents did with the answers of link: the rows it
 // settled, and the conflicts.
