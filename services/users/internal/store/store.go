@@ -102,10 +102,9 @@ func (s *Store) create(ctx context.Context, key inbox.Key, p person.Person, answ
 		_ = s.q.InsertNewUser(ctx, later, usersdb.InsertNewUserParams{ // queued: its error comes from the commit
 			ID: id, Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
 		})
-		if err := s.withAnswerRow(ctx, later, reply, out); err != nil {
+		if err := s.withCommit(ctx, tx, later, reply, out); err != nil {
 			return inbox.Outcome{}, err
 		}
-		tx.WithCommit(&later.Batch)
 		return out, nil
 	})
 	if !documentTaken(err) {
@@ -120,11 +119,9 @@ func (s *Store) create(ctx context.Context, key inbox.Key, p person.Person, answ
 		if err != nil {
 			return inbox.Outcome{}, err
 		}
-		later := &database.Later{}
-		if err := s.withAnswerRow(ctx, later, reply, out); err != nil {
+		if err := s.withCommit(ctx, tx, &database.Later{}, reply, out); err != nil {
 			return inbox.Outcome{}, err
 		}
-		tx.WithCommit(&later.Batch)
 		return out, nil
 	})
 }
