@@ -124,7 +124,9 @@ func TestClaimsGatherABatchUnderBacklog(t *testing.T) {
 	t.Logf("%d claims of %.1f rows on average, %d recording transactions of %.1f", claims, claimed/float64(claims), records, recorded/float64(records))
 	// Claiming at every free slot averages about 9 rows here, lingering
 	// 20 to 27. The four recorders share the answers: recording only what
-	// has arrived averages under 2 per transaction, lingering about 6.
+	// has arrived averages 1.2-1.4 per transaction with -race (1.8-2.2
+	// without), lingering 4.4-6.1 (5.6-7.5), and 3.2 in one CI run with
+	// other packages' tests beside it. The floor sits between the two.
 	require.GreaterOrEqual(t, claimed/float64(claims), 12.0, "rows per claim")
-	require.GreaterOrEqual(t, recorded/float64(records), 3.5, "answers per recording transaction")
+	require.GreaterOrEqual(t, recorded/float64(records), 2.5, "answers per recording transaction")
 }
