@@ -26,9 +26,14 @@ import (
 // The setting and the claim go to the server together, as one batch with
 // one Sync, so they share one implicit transaction and one round trip;
 // set_config(…, true) lasts until that transaction ends.
+//
+// The claim also runs on a generic plan, as the recording does
+// (genericPlans): with its LIMIT or its array of ids unknown, PostgreSQL
+// planned every claim afresh, and the generic plan is the same scan of
+// outbox_due_idx for one row and for a batch (docs/performance.md).
 type noFlushWait struct{ pool *pgxpool.Pool }
 
-const noFlushWaitSQL = "SELECT set_config('synchronous_commit', 'off', true)"
+const noFlushWaitSQL = "SELECT set_config('synchronous_commit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 func (n noFlushWait) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	before := &pgx.Batch{}

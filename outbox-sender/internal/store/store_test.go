@@ -260,3 +260,48 @@ func TestRecordRoundTrips(t *testing.T) {
 	require.Len(t, trips.Take(), 2, "a retry: BEGIN with the retry, then the history with COMMIT")
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'retry'"))
 }
+
+// TestClaimAndRecordRunOnGenericPlans: the claim and the recording's
+// statements are planned once per connection, not at every call (see
+// genericPlans). Without the setting PostgreSQL made a custom plan for
+// every ClaimDue, LinkStudents and RecordEvents. One connection, so that
+// every call and pg_prepared_statements share a session.
+func TestClaimAndRecordRunOnGenericPlans(t *testing.T) {
+	t.Parallel()
+	admin := pgtest.Pool(t, migrations.Student)
+	pgtest.AddStudents(t, admin, 16)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.RoleURL(t, admin.Config().ConnString(), migrations.OutboxSender))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st := New(pool, 3*time.Second)
+
+	for range 8 {
+		rows, err := st.ClaimDue(ctx, lease, 2)
+		require.NoError(t, err)
+		require.Len(t, rows, 2)
+		results := make([]Result, len(rows))
+		for i, r := range rows {
+			results[i] = Result{Row: r, Outcome: outbox.OutcomeDelivered, UserID: uuid.New()}
+		}
+		_, err = st.Record(ctx, lease, results)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 16, count(t, admin, "SELECT count(*) FROM outbox WHERE state = 'delivered'"))
+
+	for name, marker := range map[string]string{
+		"ClaimDue":     "-- name: ClaimDue :many",
+		"LinkStudents": "-- name: LinkStudents :many",
+		"RecordEvents": "-- name: RecordEvents :exec",
+	} {
+		var generic, custom int64
+		require.NoError(t, pool.QueryRow(ctx,
+			"SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE starts_with(statement, $1)",
+			marker).Scan(&generic, &custom), name)
+		require.Equal(t, int64(0), custom, "%s: custom plans", name)
+		require.Equal(t, int64(8), generic, "%s: generic plans", name)
+	}
+}
