@@ -151,64 +151,77 @@ func verifyLinked(ctx context.Context, d *databases, want int) error {
 //
 // cpu is the whole system's CPU per row (Users, the sender and PostgreSQL's
 // processes, from the sender's start to the last link; b.cpuSince), -1
-// when not measured.
-func (b *bench) burndownReal(ctx context.Context, rows int, source string) (rate float64, cpu time.Duration, err error) {
+// when not measured; work is what PostgreSQL did per row in the same span
+// (statements, commits and WAL; work.go).
+func (b *bench) burndownReal(ctx context.Context, rows int, source string) (rate float64, cpu time.Duration, work dbWork, err error) {
 	d, err := b.freshDatabases(ctx)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, dbWork{}, err
 	}
 	defer b.drop(d)
 	if source != sourceCDC {
 		if err := seed(ctx, d.studentAdmin, rows); err != nil {
-			return 0, 0, err
+			return 0, 0, dbWork{}, err
 		}
 	}
 	sys, err := b.start(ctx, d, which{users: true, source: source}, nil)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, dbWork{}, err
 	}
 	defer sys.stop()
 	if source == sourceCDC {
 		if err := sys.launch(ctx, senderBin); err != nil {
-			return 0, 0, err
+			return 0, 0, dbWork{}, err
 		}
 		if err := sys.waitStreaming(ctx); err != nil {
-			return 0, 0, err
+			return 0, 0, dbWork{}, err
 		}
 		b.procs.stop(sys.sender)
 		sys.sender = nil
 		if err := seed(ctx, d.studentAdmin, rows); err != nil {
-			return 0, 0, err
+			return 0, 0, dbWork{}, err
 		}
+	}
+	// The work is counted from here, after the seed: Users' start-up
+	// before this is a handful of statements.
+	workDone, err := b.workSince(ctx, d)
+	if err != nil {
+		return 0, 0, dbWork{}, err
 	}
 	// The clock starts as the sender is started: its start-up is part of
 	// burning the backlog down.
 	start := time.Now()
 	if err := sys.launch(ctx, senderBin); err != nil {
-		return 0, 0, err
+		return 0, 0, dbWork{}, err
 	}
 	// From just after the launch: the sender's own start-up before this
 	// is a few milliseconds of CPU against seconds of burndown.
 	spent, err := b.cpuSince(sys)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, dbWork{}, err
 	}
 	end, err := waitLinked(ctx, d.studentAdmin, rows, 10*time.Minute, sys.alive)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, dbWork{}, err
 	}
 	use, err := spent()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, dbWork{}, err
+	}
+	// The services stop before the count ends: their sessions' commits
+	// reach the statistics as the sessions end.
+	sys.stop()
+	if work, err = workDone(ctx, rows); err != nil {
+		return 0, 0, dbWork{}, err
 	}
 	if err := verifyLinked(ctx, d, rows); err != nil {
-		return 0, 0, err
+		return 0, 0, dbWork{}, err
 	}
 	cpu = -1
 	if total := use.total(); total >= 0 {
 		cpu = total / time.Duration(rows)
 	}
-	return float64(rows) / end.Sub(start).Seconds(), cpu, nil
+	return float64(rows) / end.Sub(start).Seconds(), cpu, work, nil
 }
 
 // burndownBound does the sender's and Users' database work for the same

@@ -30,9 +30,10 @@ type build struct {
 
 // buildFigures are one build's results, a value per round for each measure.
 type buildFigures struct {
-	burndown    []float64
-	burndownCPU []time.Duration
-	latency     map[float64][]latencyResult
+	burndown     []float64
+	burndownCPU  []time.Duration
+	burndownWork []dbWork
+	latency      map[float64][]latencyResult
 }
 
 // buildBaseline builds the three binaries of commit ref into dir/baseline,
@@ -75,13 +76,14 @@ func (b *bench) compare(ctx context.Context, o options, builds []build, baseline
 			tag := fmt.Sprintf("round %d/%d, %s", r, o.rounds, bd.name)
 			b.bins, b.env = bd.bins, bd.env
 			b.printf("%s  burndown of %d ...\n", tag, o.rows)
-			rate, cpu, err := b.burndownReal(ctx, o.rows, sourcePoll)
+			rate, cpu, work, err := b.burndownReal(ctx, o.rows, sourcePoll)
 			if err != nil {
 				return fmt.Errorf("%s, burndown: %w", tag, err)
 			}
 			f[bd.name].burndown = append(f[bd.name].burndown, rate)
 			f[bd.name].burndownCPU = append(f[bd.name].burndownCPU, cpu)
-			b.printf("%s  burndown  %8.0f linked/s, CPU ms per student %.2f\n", tag, rate, msFloat(cpu))
+			f[bd.name].burndownWork = append(f[bd.name].burndownWork, work)
+			b.printf("%s  burndown  %8.0f linked/s, CPU ms per student %.2f; per student %s\n", tag, rate, msFloat(cpu), work)
 		}
 		for _, rate := range latencyRates {
 			for _, bd := range order {
@@ -163,6 +165,23 @@ func (b *bench) compareReport(o options, base, this *buildFigures, baseline stri
 	}
 	row("burndown, linked/s", "%.0f", func(bf *buildFigures) []float64 { return bf.burndown })
 	row("CPU ms per student, burndown", "%.2f", func(bf *buildFigures) []float64 { return msOf(bf.burndownCPU) })
+	work := func(f func(dbWork) float64) func(*buildFigures) []float64 {
+		return func(bf *buildFigures) []float64 {
+			out := make([]float64, len(bf.burndownWork))
+			for i, w := range bf.burndownWork {
+				out[i] = f(w)
+			}
+			return out
+		}
+	}
+	row("  statements per student, burndown", "%.2f", work(func(w dbWork) float64 { return w.statements }))
+	row("  commits per student, burndown", "%.2f", work(func(w dbWork) float64 { return w.commits }))
+	row("  WAL kB per student, burndown", "%.2f", work(func(w dbWork) float64 {
+		if w.walBytes < 0 {
+			return -1
+		}
+		return w.walBytes / 1024
+	}))
 	for _, rate := range latencyRates {
 		row(fmt.Sprintf("latency at %.0f/s, p50 ms", rate), "%.1f", lat(rate, func(r latencyResult) time.Duration { return r.p50 }))
 		row(fmt.Sprintf("latency at %.0f/s, p99 ms", rate), "%.1f", lat(rate, func(r latencyResult) time.Duration { return r.p99 }))

@@ -23,10 +23,12 @@ func TestCompareReport(t *testing.T) {
 	}
 	base := &buildFigures{
 		burndown: []float64{1000, 1000, 1000}, burndownCPU: []time.Duration{2 * time.Millisecond, 2 * time.Millisecond, 2 * time.Millisecond},
-		latency: map[float64][]latencyResult{200: {lat(20, 6), lat(30, 4), lat(25, 5)}, 500: {lat(100, 3), lat(300, 3), lat(200, 3)}},
+		burndownWork: []dbWork{{statements: 9, commits: 2, walBytes: 5120}, {statements: 9, commits: 2, walBytes: 5120}, {statements: 9, commits: 2, walBytes: 5120}},
+		latency:      map[float64][]latencyResult{200: {lat(20, 6), lat(30, 4), lat(25, 5)}, 500: {lat(100, 3), lat(300, 3), lat(200, 3)}},
 	}
 	this := &buildFigures{
 		burndown: []float64{1100, 1200, 900}, burndownCPU: []time.Duration{time.Millisecond, time.Millisecond, time.Millisecond},
+		burndownWork: []dbWork{{statements: 6, commits: 1, walBytes: 4096}, unmeasured, {statements: 7, commits: 1, walBytes: 4096}},
 		// Per round: 3/6, 4/4, 2.5/5: median ratio 0.5; the medians' ratio would be 3/5.
 		latency: map[float64][]latencyResult{200: {lat(10, 3), lat(12, 4), lat(11, 2.5)}, 500: {lat(50, 2), lat(70, 2), lat(60, 2)}},
 	}
@@ -49,6 +51,8 @@ func TestCompareReport(t *testing.T) {
 	text := out.String()
 	require.Regexp(t, `CPU ms per student at 200/s +5\.00 \[4\.00–6\.00\] +3\.00 \[2\.50–4\.00\] +0\.50`, text)
 	require.Regexp(t, `CPU ms per student, burndown +2\.00 \[2\.00–2\.00\] +1\.00 \[1\.00–1\.00\] +0\.50`, text)
+	// A round that did not count is left out of the ratio.
+	require.Regexp(t, `WAL kB per student, burndown +5\.00 \[5\.00–5\.00\] +\S+ \[\S+\] +0\.80`, text)
 }
 
 func TestServerRole(t *testing.T) {

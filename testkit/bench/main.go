@@ -159,6 +159,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	// is. TEST_DATABASE_URL, when set, names another server to measure on.
 	server, durability := getenv(pgtest.EnvVar), "a server of your own ("+pgtest.EnvVar+"): its durability settings are its own"
 	ownServer := server == ""
+	statements := false // pg_stat_statements counts the services' statements
 	if ownServer {
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
 		if err != nil {
@@ -167,8 +168,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		defer func() { _ = cluster.Cleanup(context.WithoutCancel(ctx)) }()
 		server, durability = cluster.URL(), "a throwaway cluster with fsync, full-page writes and synchronous commits on"
 		// Latency ends when the link commits, which only the commit's
-		// own timestamp tells; the setting takes a restart.
-		if err := setAndRestart(ctx, cluster, "ALTER SYSTEM SET track_commit_timestamp = on"); err != nil {
+		// own timestamp tells; the setting takes a restart, as does the
+		// library that counts statements.
+		settings := []string{"ALTER SYSTEM SET track_commit_timestamp = on"}
+		track, err := trackStatements(ctx, server)
+		if err != nil {
+			return err
+		}
+		if track != "" {
+			settings = append(settings, track)
+		}
+		if err := setAndRestart(ctx, cluster, settings...); err != nil {
+			return err
+		}
+		if statements, err = enableStatements(ctx, server); err != nil {
 			return err
 		}
 	}
@@ -209,7 +222,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		out: out, server: serverURL, durability: durability, commitTimes: commitTimes, dir: dir, q: q,
 		procs: &procs{set: map[*proc]bool{}, peak: map[string]int64{}},
 		dbs:   map[string]bool{}, slots: map[string]bool{}, postmaster: postmaster, history: o.history,
-		perfDir: o.perfDir,
+		perfDir: o.perfDir, statements: statements,
 	}
 	// Whatever happens, no child and no database outlives the bench. The
 	// logs are kept when something failed, for the paths the error names,
@@ -268,8 +281,10 @@ type sourceFigures struct {
 	burndown, burndownRatio []float64
 	// burndownCPU is each round's whole-system CPU per linked row.
 	burndownCPU []time.Duration
-	latency     map[float64][]latencyResult
-	idle        map[string]float64
+	// burndownWork is each round's PostgreSQL work per linked row.
+	burndownWork []dbWork
+	latency      map[float64][]latencyResult
+	idle         map[string]float64
 	// idleServer is PostgreSQL's CPU use while idle, in percent of a core
 	// (-1: not measured).
 	idleServer float64
@@ -318,7 +333,7 @@ func (b *bench) measure(ctx context.Context, o options) error {
 		burned := map[string]float64{}
 		for _, src := range order {
 			b.printf("%s  burndown of %d, real%s ...\n", tag, o.rows, tagFor(src))
-			got, cpu, err := b.burndownReal(ctx, o.rows, src)
+			got, cpu, work, err := b.burndownReal(ctx, o.rows, src)
 			if err != nil {
 				return fmt.Errorf("%s, burndown%s: %w", tag, tagFor(src), err)
 			}
@@ -326,6 +341,8 @@ func (b *bench) measure(ctx context.Context, o options) error {
 			if cpu >= 0 {
 				f.src[src].burndownCPU = append(f.src[src].burndownCPU, cpu)
 			}
+			f.src[src].burndownWork = append(f.src[src].burndownWork, work)
+			b.printf("%s  burndown%s per student: %s\n", tag, tagFor(src), work)
 		}
 		b.printf("%s  burndown of %d, bound ...\n", tag, o.rows)
 		bound, err = b.burndownBound(ctx, o.rows)
@@ -422,6 +439,7 @@ func (b *bench) report(o options, f figures) {
 		median(f.intake), median(f.intakeBound), intakeRatio, goalRatio, verdict(intakeRatio >= goalRatio))
 	fmt.Fprintf(w, "burndown\t%.0f linked/s\t%.0f/s\t%.2f\t≥ %.1f× bound\t%s\n",
 		median(poll.burndown), median(f.burndownBound), burndownRatio, goalRatio, verdict(burndownRatio >= goalRatio))
+	fmt.Fprintf(w, "  per student\t%s\t\t\t\t\n", medianWork(poll.burndownWork))
 	for _, rate := range latencyRates {
 		goal := goalP99(rate)
 		res := poll.latency[rate]
@@ -607,14 +625,18 @@ func msFloat(d time.Duration) float64 { return float64(d) / float64(time.Millise
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", msFloat(d)) }
 
-// setAndRestart runs an ALTER SYSTEM statement on cluster and restarts it
-// for the setting to take effect.
-func setAndRestart(ctx context.Context, cluster *pgcluster.Cluster, statement string) error {
+// setAndRestart runs ALTER SYSTEM statements on cluster and restarts it
+// for the settings to take effect.
+func setAndRestart(ctx context.Context, cluster *pgcluster.Cluster, statements ...string) error {
 	conn, err := pgx.Connect(ctx, cluster.URL())
 	if err != nil {
 		return fmt.Errorf("configure PostgreSQL: %w", err)
 	}
-	_, err = conn.Exec(ctx, statement)
+	for _, statement := range statements {
+		if _, err = conn.Exec(ctx, statement); err != nil {
+			break
+		}
+	}
 	_ = conn.Close(ctx)
 	if err != nil {
 		return fmt.Errorf("configure PostgreSQL: %w", err)

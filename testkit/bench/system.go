@@ -51,6 +51,9 @@ type bench struct {
 	// history is how many students each latency run's databases hold
 	// before it starts (seedHistory).
 	history int
+	// statements: pg_stat_statements is loaded on the bench's own
+	// cluster, so a run's work counts its statements (work.go).
+	statements bool
 	// perfDir (-perf) is where profiles of the runs at profileRate go,
 	// and perfName the name of the run measured now; "" for none.
 	perfDir, perfName string
