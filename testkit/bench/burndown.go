@@ -196,7 +196,7 @@ func (b *bench) burndownReal(ctx context.Context, rows int, source string) (rate
 	}
 	// From just after the launch: the sender's own start-up before this
 	// is a few milliseconds of CPU against seconds of burndown.
-	spent, err := b.cpuSince(sys)
+	spent, err := b.cpuSince(ctx, sys)
 	if err != nil {
 		return 0, 0, dbWork{}, err
 	}

@@ -93,3 +93,25 @@ func TestServerSplit(t *testing.T) {
 	split := serverSplit(125*ms, before, after)
 	require.Equal(t, map[string]time.Duration{"student_app": 60 * ms, "users_app": 25 * ms, exitedRole: 40 * ms}, split)
 }
+
+// TestNamedBackends: a backend a service names is split apart from the
+// other backends of its role; the others, and processes that are not
+// backends, keep their label.
+func TestNamedBackends(t *testing.T) {
+	t.Parallel()
+	procs := map[int]serverProc{
+		10: {role: "outbox_sender", cpu: time.Second},
+		11: {role: "outbox_sender", cpu: 2 * time.Second},
+		12: {role: "walwriter", cpu: time.Millisecond},
+	}
+	got := named(procs, map[int]string{11: "outbox-sender listener"})
+	require.Equal(t, map[int]serverProc{
+		10: {role: "outbox_sender", cpu: time.Second},
+		11: {role: "outbox_sender (outbox-sender listener)", cpu: 2 * time.Second},
+		12: {role: "walwriter", cpu: time.Millisecond},
+	}, got)
+	require.Equal(t, "outbox_sender", procs[11].role, "the reading itself is left as it was")
+	split := serverSplit(4*time.Second, named(map[int]serverProc{}, nil), got)
+	require.Equal(t, 2*time.Second, split["outbox_sender (outbox-sender listener)"])
+	require.Equal(t, time.Second, split["outbox_sender"])
+}

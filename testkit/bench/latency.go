@@ -219,7 +219,7 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 	client := httpClient(256)
 	defer client.CloseIdleConnections()
 	count := int64(math.Round((warmup + duration).Seconds() * rate))
-	spent, err := b.cpuSince(sys)
+	spent, err := b.cpuSince(ctx, sys)
 	if err != nil {
 		return latencyResult{}, err
 	}
@@ -512,7 +512,7 @@ func (b *bench) idleCPU(ctx context.Context, sys *system, settle, window time.Du
 	if err := sleep(settle); err != nil {
 		return nil, 0, err
 	}
-	spent, err := b.cpuSince(sys)
+	spent, err := b.cpuSince(ctx, sys)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -576,7 +576,7 @@ func (u cpuUse) pct(d time.Duration) float64 {
 // cpuSince starts measuring CPU: the function it returns gives the use
 // since (and may be called more than once). A process that cannot be read
 // is an error; PostgreSQL's that cannot be read is "not measured".
-func (b *bench) cpuSince(sys *system) (func() (cpuUse, error), error) {
+func (b *bench) cpuSince(ctx context.Context, sys *system) (func() (cpuUse, error), error) {
 	ps := sys.running()
 	before := make([]time.Duration, len(ps))
 	for i, p := range ps {
@@ -604,8 +604,14 @@ func (b *bench) cpuSince(sys *system) (func() (cpuUse, error), error) {
 			use.byProc[p.name] += t - before[i]
 		}
 		if after, procs, err := server(); serverErr == nil && err == nil {
+			// A connection a service names (the sender's listener) is told
+			// apart from its role's others: it is woken for other reasons.
+			apps, err := b.backendApps(ctx)
+			if err != nil {
+				return cpuUse{}, err
+			}
 			use.server = after - serverBefore
-			use.serverByRole = serverSplit(use.server, procsBefore, procs)
+			use.serverByRole = serverSplit(use.server, named(procsBefore, apps), named(procs, apps))
 		}
 		return use, nil
 	}, nil

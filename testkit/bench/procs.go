@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The three binaries, by the name `go build` gives them.
@@ -302,6 +304,49 @@ func serverCPU(postmaster int) (total time.Duration, byPID map[int]serverProc, e
 		}
 	}
 	return total, byPID, nil
+}
+
+// backendApps is the application_name of each backend that has one, by
+// process id, but the bench's own.
+func (b *bench) backendApps(ctx context.Context) (map[int]string, error) {
+	conn, err := pgx.Connect(ctx, b.server.String())
+	if err != nil {
+		return nil, fmt.Errorf("backends' names: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	rows, err := conn.Query(ctx, `
+		SELECT pid, application_name FROM pg_stat_activity
+		WHERE application_name <> '' AND usename <> current_user`)
+	if err != nil {
+		return nil, fmt.Errorf("backends' names: %w", err)
+	}
+	defer rows.Close()
+	apps := map[int]string{}
+	for rows.Next() {
+		var pid int
+		var app string
+		if err := rows.Scan(&pid, &app); err != nil {
+			return nil, fmt.Errorf("backends' names: %w", err)
+		}
+		apps[pid] = app
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("backends' names: %w", err)
+	}
+	return apps, nil
+}
+
+// named is procs with each backend that apps names labelled "ROLE
+// (NAME)", so that the split shows it apart from its role's others.
+func named(procs map[int]serverProc, apps map[int]string) map[int]serverProc {
+	out := make(map[int]serverProc, len(procs))
+	for pid, p := range procs {
+		if app, ok := apps[pid]; ok {
+			p.role = fmt.Sprintf("%s (%s)", p.role, app)
+		}
+		out[pid] = p
+	}
+	return out
 }
 
 // serverProc is one of PostgreSQL's running processes: what it is, and the
