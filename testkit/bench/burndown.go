@@ -151,8 +151,9 @@ func verifyLinked(ctx context.Context, d *databases, want int) error {
 //
 // cpu is the whole system's CPU per row (Users, the sender and PostgreSQL's
 // processes, from the sender's start to the last link; b.cpuSince), -1
-// when not measured; work is what PostgreSQL did per row in the same span
-// (statements, commits and WAL; work.go).
+// when not measured; work is what PostgreSQL did per row (statements,
+// commits and WAL; work.go), from just before the sender's start until
+// the services have stopped.
 func (b *bench) burndownReal(ctx context.Context, rows int, source string) (rate float64, cpu time.Duration, work dbWork, err error) {
 	d, err := b.freshDatabases(ctx)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -135,7 +136,13 @@ func (b *bench) compareReport(o options, base, this *buildFigures, baseline stri
 				ratios = append(ratios, tv[i]/bv[i])
 			}
 		}
+		// A round that did not measure (-1) is left out of the cells, as
+		// it is of the ratios; a build with none shows "-".
 		cell := func(xs []float64) string {
+			xs = slices.DeleteFunc(slices.Clone(xs), func(x float64) bool { return x < 0 })
+			if len(xs) == 0 {
+				return "-"
+			}
 			return fmt.Sprintf(format+" ["+spread(xs, format)+"]", median(xs))
 		}
 		ratio := "-"

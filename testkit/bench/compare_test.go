@@ -52,7 +52,8 @@ func TestCompareReport(t *testing.T) {
 	require.Regexp(t, `CPU ms per student at 200/s +5\.00 \[4\.00–6\.00\] +3\.00 \[2\.50–4\.00\] +0\.50`, text)
 	require.Regexp(t, `CPU ms per student, burndown +2\.00 \[2\.00–2\.00\] +1\.00 \[1\.00–1\.00\] +0\.50`, text)
 	// A round that did not count is left out of the ratio.
-	require.Regexp(t, `WAL kB per student, burndown +5\.00 \[5\.00–5\.00\] +\S+ \[\S+\] +0\.80`, text)
+	require.Regexp(t, `WAL kB per student, burndown +5\.00 \[5\.00–5\.00\] +4\.00 \[4\.00–4\.00\] +0\.80`, text)
+	require.Regexp(t, `statements per student, burndown +9\.00 \[9\.00–9\.00\] +6\.50 \[6\.00–7\.00\] +0\.72`, text)
 }
 
 func TestServerRole(t *testing.T) {

@@ -508,6 +508,9 @@ func (b *bench) sideBySide(o options, f figures) {
 		r := median(sf.burndownRatio)
 		return fmt.Sprintf("%.2f [%s] %s", r, spread(sf.burndownRatio, "%.2f"), verdict(r >= goalRatio))
 	}), goalRatio)
+	fmt.Fprintf(w, "  per student, burndown\t%s\t\t\n", cells(func(sf *sourceFigures) string {
+		return medianWork(sf.burndownWork).String()
+	}))
 	for _, rate := range latencyRates {
 		goal := goalP99(rate)
 		fmt.Fprintf(w, "latency at %.0f/s, p50 / p90 / p99\t%s\tp99 ≤ %s\t\n", rate, cells(func(sf *sourceFigures) string {
@@ -634,6 +637,7 @@ func setAndRestart(ctx context.Context, cluster *pgcluster.Cluster, statements .
 	}
 	for _, statement := range statements {
 		if _, err = conn.Exec(ctx, statement); err != nil {
+			err = fmt.Errorf("%s: %w", statement, err)
 			break
 		}
 	}

@@ -166,7 +166,9 @@ func (ps *procs) add(p *proc) {
 
 // stop reads p's peak RSS, then stops it.
 func (ps *procs) stop(p *proc) {
-	if hwm, err := procStatusKB(p.pid(), "VmHWM"); err == nil {
+	// A process already reaped has no status to read, and its pid may be
+	// another's by now: its peak was read when it was first stopped.
+	if hwm, err := procStatusKB(p.pid(), "VmHWM"); err == nil && !p.exited() {
 		ps.mu.Lock()
 		ps.peak[p.peakKey] = max(ps.peak[p.peakKey], hwm)
 		ps.mu.Unlock()

@@ -41,9 +41,10 @@ func TestReportLines(t *testing.T) {
 	}
 	poll := &sourceFigures{
 		burndown: []float64{1000, 1200, 1100}, burndownRatio: []float64{0.5, 0.7, 0.6},
-		burndownCPU: []time.Duration{1300 * time.Microsecond, 1400 * time.Microsecond, 1350 * time.Microsecond},
-		latency:     map[float64][]latencyResult{200: {lat(20, -1), lat(30, -1), lat(25, -1)}, 500: {lat(100, -1), lat(300, -1), lat(200, -1)}},
-		idle:        map[string]float64{studentBin: 0, usersBin: 0.04, senderBin: 0.55},
+		burndownCPU:  []time.Duration{1300 * time.Microsecond, 1400 * time.Microsecond, 1350 * time.Microsecond},
+		latency:      map[float64][]latencyResult{200: {lat(20, -1), lat(30, -1), lat(25, -1)}, 500: {lat(100, -1), lat(300, -1), lat(200, -1)}},
+		idle:         map[string]float64{studentBin: 0, usersBin: 0.04, senderBin: 0.55},
+		burndownWork: []dbWork{{statements: 4.3, commits: 1.1, walBytes: 3800}, {statements: 4.4, commits: 1.2, walBytes: 3700}, unmeasured},
 	}
 	cdc := &sourceFigures{
 		burndown: []float64{900, 1300, 1000}, burndownRatio: []float64{0.45, 0.75, 0.5},
@@ -83,6 +84,9 @@ func TestReportLines(t *testing.T) {
 	text := strings.Join(lines, "\n")
 	require.Contains(t, text, "poll (default)")
 	require.Contains(t, text, "0.50 [0.45–0.75] MISS")
+	// Work: the median of the rounds that counted it; cdc counted none.
+	require.Regexp(t, `per student +statements 4\.35, commits 1\.15, WAL 3\.7 kB *\n`, text)
+	require.Regexp(t, `per student, burndown +statements 4\.35, commits 1\.15, WAL 3\.7 kB +statements -, commits -, WAL -`, text)
 
 	delete(f.src, sourceCDC)
 	lines = report(f)
@@ -125,8 +129,16 @@ func TestSlotLagAndDrop(t *testing.T) {
 	}))
 
 	stop := sampleSlotLag(ctx, admin, slot, 10*time.Millisecond)
+	// The test server commits without waiting for the WAL (synchronous_commit
+	// off), which leaves it to the WAL writer up to 200 ms later; the lag
+	// counts only WAL written, so these commits write theirs.
+	writer, err := admin.Acquire(ctx)
+	require.NoError(t, err)
+	defer writer.Release()
+	_, err = writer.Exec(ctx, "SET synchronous_commit = on")
+	require.NoError(t, err)
 	for i := range 3 {
-		_, err := admin.Exec(ctx, `
+		_, err := writer.Exec(ctx, `
 			WITH s AS (INSERT INTO students (id, name, email, document_number) VALUES (gen_random_uuid(), 'S', 's@example.com', $1) RETURNING id)
 			INSERT INTO outbox (idempotency_key, operation, student_id, payload) SELECT gen_random_uuid(), 'create-user', id, '{}' FROM s`,
 			fmt.Sprintf("LAG-%d", i))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // dbWork is what PostgreSQL did for a run, per student: the statements
@@ -39,18 +40,18 @@ func (w dbWork) String() string {
 	return fmt.Sprintf("statements %s, commits %s, WAL %s", count(w.statements), count(w.commits), wal)
 }
 
-// medianWork is each measure's median over runs, -1 if a run did not
-// measure it.
+// medianWork is each measure's median over the runs that measured it, -1
+// if none did.
 func medianWork(ws []dbWork) dbWork {
-	if len(ws) == 0 {
-		return unmeasured
-	}
 	of := func(f func(dbWork) float64) float64 {
-		xs := make([]float64, len(ws))
-		for i, w := range ws {
-			if xs[i] = f(w); xs[i] < 0 {
-				return -1
+		xs := make([]float64, 0, len(ws))
+		for _, w := range ws {
+			if v := f(w); v >= 0 {
+				xs = append(xs, v)
 			}
+		}
+		if len(xs) == 0 {
+			return -1
 		}
 		return median(xs)
 	}
@@ -112,76 +113,113 @@ func enableStatements(ctx context.Context, server string) (bool, error) {
 }
 
 // workSince starts counting d's work. The function it returns ends the
-// count for students students; call it after the services have been
-// stopped: a session's commits reach pg_stat_database when it ends, or up
-// to ten seconds after it goes idle, so it first waits for every session
-// in the two databases but the bench's own to be gone.
+// count for students students; call it after the services have stopped.
+// A session's commits reach pg_stat_database at the latest as it ends
+// (a busy one's at most once a second before that), so the end first
+// closes the bench's own sessions in the two databases and waits for
+// every session there to be gone; then each commit of the run is counted.
 //
 // The bench's own sessions read those databases while the count runs (to
-// watch for links): their statements are left out by role, and their
-// commits, one per statement, by that count. Their commits may reach the
-// view up to a second late, which is a few in a burndown's thousands.
+// watch for links). With pg_stat_statements their statements are left
+// out by role, and their commits, one per statement, by that count;
+// without it they stay in, one per 50 ms poll.
+//
+// If the sessions are not gone within ten seconds the run's work is
+// unmeasured, with a line saying so, rather than the bench failing.
+//
+// postmaster != 0 says the server is the bench's own: on another, other
+// sessions' WAL and statements would count too.
 func (b *bench) workSince(ctx context.Context, d *databases) (func(ctx context.Context, students int) (dbWork, error), error) {
 	if b.postmaster == 0 {
 		return func(context.Context, int) (dbWork, error) { return unmeasured, nil }, nil
 	}
 	names := []string{d.student, d.users}
-	conn, err := pgx.Connect(ctx, b.server.String())
+	var before workCounts
+	err := b.withServer(ctx, func(conn *pgx.Conn) error {
+		// A checkpoint first: the first change to a page after one writes
+		// the whole page to the WAL, so without it a run's WAL would depend
+		// on when the last checkpoint happened to fall.
+		if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
+			return err
+		}
+		if b.statements {
+			// From nothing: the run's databases are new, and a reset keeps
+			// the view's entries few (it evicts when full, losing calls).
+			if _, err := conn.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+				return err
+			}
+		}
+		var err error
+		before, err = readWork(ctx, conn, names, b.statements)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("count work: %w", err)
 	}
-	closeConn := func() { _ = conn.Close(context.WithoutCancel(ctx)) }
-	if b.statements {
-		// From nothing: the run's databases are new, and a reset keeps the
-		// view's entries few (it evicts when full, which would lose calls).
-		if _, err := conn.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
-			closeConn()
-			return nil, fmt.Errorf("count work: %w", err)
-		}
-	}
-	before, err := readWork(ctx, conn, names, b.statements)
-	if err != nil {
-		closeConn()
-		return nil, err
-	}
 	return func(ctx context.Context, students int) (dbWork, error) {
-		defer closeConn()
-		if err := waitSessionsGone(ctx, conn, names); err != nil {
-			return dbWork{}, err
+		for _, pool := range []*pgxpool.Pool{d.studentAdmin, d.usersAdmin} {
+			if pool != nil {
+				pool.Reset() // the pools open new sessions when next used
+			}
 		}
-		after, err := readWork(ctx, conn, names, b.statements)
+		var after workCounts
+		gone := true
+		err := b.withServer(ctx, func(conn *pgx.Conn) error {
+			var err error
+			if gone, err = waitSessionsGone(ctx, conn, names, 10*time.Second); err != nil || !gone {
+				return err
+			}
+			after, err = readWork(ctx, conn, names, b.statements)
+			return err
+		})
 		if err != nil {
-			return dbWork{}, err
+			return dbWork{}, fmt.Errorf("count work: %w", err)
+		}
+		if !gone {
+			b.printf("work per student not measured: sessions still open in %v 10s after the services stopped\n", names)
+			return unmeasured, nil
 		}
 		n := float64(students)
 		w := dbWork{
 			statements: -1,
-			commits:    (after.commits - before.commits - (after.benchStatements - before.benchStatements)) / n,
+			commits:    (after.commits - before.commits) / n,
 			walBytes:   (after.wal - before.wal) / n,
 		}
 		if b.statements {
 			w.statements = (after.statements - before.statements) / n
-		} else {
-			// Without the view the bench's own commits cannot be told
-			// apart: they stay in, one per 50 ms poll.
-			w.commits = (after.commits - before.commits) / n
+			w.commits = (after.commits - before.commits - (after.benchStatements - before.benchStatements)) / n
 		}
 		return w, nil
 	}, nil
 }
 
-// workCounts are the server's counters at one moment.
+// withServer runs f on a connection of its own to the server, as the
+// bench's administrator, in no database of a run's.
+func (b *bench) withServer(ctx context.Context, f func(conn *pgx.Conn) error) error {
+	conn, err := pgx.Connect(ctx, b.server.String())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	return f(conn)
+}
+
+// workCounts are the server's counters at one moment: the named
+// databases' commits, the WAL's insert position, and with
+// pg_stat_statements, the calls of statements in those databases by the
+// services and by the bench's own role.
 type workCounts struct {
 	commits, wal                float64
 	statements, benchStatements float64
 }
 
+// readWork reads the counters of the named databases.
 func readWork(ctx context.Context, conn *pgx.Conn, names []string, statements bool) (workCounts, error) {
 	var c workCounts
 	if err := conn.QueryRow(ctx, `
 		SELECT (SELECT COALESCE(sum(xact_commit), 0)::float8 FROM pg_stat_database WHERE datname = ANY($1)),
-		       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8`, names).Scan(&c.commits, &c.wal); err != nil {
-		return workCounts{}, fmt.Errorf("count work: %w", err)
+		       pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8`, names).Scan(&c.commits, &c.wal); err != nil {
+		return workCounts{}, err
 	}
 	if !statements {
 		return c, nil
@@ -193,31 +231,29 @@ func readWork(ctx context.Context, conn *pgx.Conn, names []string, statements bo
 		JOIN pg_database d ON d.oid = s.dbid
 		CROSS JOIN (SELECT oid FROM pg_roles WHERE rolname = current_user) r
 		WHERE d.datname = ANY($1)`, names).Scan(&c.statements, &c.benchStatements); err != nil {
-		return workCounts{}, fmt.Errorf("count work: %w", err)
+		return workCounts{}, err
 	}
 	return c, nil
 }
 
-// waitSessionsGone waits until no session of another role than the
-// bench's is connected to the named databases.
-func waitSessionsGone(ctx context.Context, conn *pgx.Conn, names []string) error {
-	deadline := time.Now().Add(10 * time.Second)
+// waitSessionsGone waits up to patience until no session is connected to
+// the named databases, and says whether none is.
+func waitSessionsGone(ctx context.Context, conn *pgx.Conn, names []string, patience time.Duration) (bool, error) {
+	deadline := time.Now().Add(patience)
 	for {
 		var open int
-		if err := conn.QueryRow(ctx, `
-			SELECT count(*) FROM pg_stat_activity
-			WHERE datname = ANY($1) AND usename <> current_user`, names).Scan(&open); err != nil {
-			return fmt.Errorf("count work: %w", err)
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = ANY($1)", names).Scan(&open); err != nil {
+			return false, err
 		}
 		if open == 0 {
-			return nil
+			return true, nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("count work: %d sessions of the services still open 10s after they stopped", open)
+			return false, nil
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
