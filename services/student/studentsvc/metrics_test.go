@@ -116,7 +116,10 @@ type metricsEnv struct{ api, admin string }
 
 func newMetricsEnv(t *testing.T, dbURL string) metricsEnv {
 	t.Helper()
-	cfg := Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: time.Second}
+	// No test here waits for the timeout (a server that is down refuses at
+	// once); a second was too short for a first connection and query on
+	// a machine busy running four race-enabled test binaries at once.
+	cfg := Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: 5 * time.Second}
 	pool, err := database.Open(context.Background(), dbURL, database.Limits{StatementTimeout: cfg.DatabaseTimeout})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

@@ -80,7 +80,10 @@ func TestMetricsCountInboxOutcomes(t *testing.T) {
 // on a pool opened as the binary opens it on dbURL.
 func serveWithAdmin(t *testing.T, dbURL string) (api, admin string) {
 	t.Helper()
-	cfg := Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: time.Second, Callers: testCallers}
+	// No test here waits for the timeout (a server that is down refuses at
+	// once); a second is short for a first connection and query on a
+	// machine busy running four race-enabled test binaries at once.
+	cfg := Config{KeyWait: 200 * time.Millisecond, DatabaseTimeout: 5 * time.Second, Callers: testCallers}
 	pool, err := database.Open(context.Background(), dbURL, database.Limits{StatementTimeout: cfg.DatabaseTimeout})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
