@@ -66,7 +66,7 @@ func buildBaseline(ctx context.Context, root, ref, dir string) (build, string, e
 // side by side.
 func (b *bench) compare(ctx context.Context, o options, builds []build, baseline string) error {
 	b.printf("bench: this checkout beside the baseline %s: %d rounds; burndown %d rows; latency %s after %s at %v/s, after a history of %d students; poll; shipped defaults\n",
-		baseline, o.rounds, o.rows, o.latencyDuration, o.latencyWarmup, latencyRates, o.history)
+		baseline, o.rounds, o.rows, o.latencyDuration, o.latencyWarmup, o.latencyRates(), o.history)
 	f := map[string]*buildFigures{}
 	for _, bd := range builds {
 		f[bd.name] = &buildFigures{latency: map[float64][]latencyResult{}}
@@ -86,7 +86,7 @@ func (b *bench) compare(ctx context.Context, o options, builds []build, baseline
 			f[bd.name].burndownWork = append(f[bd.name].burndownWork, work)
 			b.printf("%s  burndown  %8.0f linked/s, CPU ms per student %.2f; per student %s\n", tag, rate, msFloat(cpu), work)
 		}
-		for _, rate := range latencyRates {
+		for _, rate := range o.latencyRates() {
 			for _, bd := range order {
 				tag := fmt.Sprintf("round %d/%d, %s", r, o.rounds, bd.name)
 				b.bins, b.env = bd.bins, bd.env
@@ -189,7 +189,7 @@ func (b *bench) compareReport(o options, base, this *buildFigures, baseline stri
 		}
 		return w.walBytes / 1024
 	}))
-	for _, rate := range latencyRates {
+	for _, rate := range o.latencyRates() {
 		row(fmt.Sprintf("latency at %.0f/s, p50 ms", rate), "%.1f", lat(rate, func(r latencyResult) time.Duration { return r.p50 }))
 		row(fmt.Sprintf("latency at %.0f/s, p99 ms", rate), "%.1f", lat(rate, func(r latencyResult) time.Duration { return r.p99 }))
 		row(fmt.Sprintf("CPU ms per student at %.0f/s", rate), "%.2f", lat(rate, func(r latencyResult) time.Duration { return r.cpuPerStudent }))

@@ -39,6 +39,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -68,10 +69,42 @@ const (
 	goalIdleCPUPct = 1.0 // of one core, per process
 )
 
-// The two rates the latency is measured at.
-var latencyRates = []float64{200, 500}
+// defaultRates are the rates the latency is measured at unless -rates
+// says otherwise: the two the goals are set for.
+var defaultRates = []float64{200, 500}
+
+// latencyRates are the rates the latency is measured at (-rates).
+func (o options) latencyRates() []float64 {
+	if len(o.rates) == 0 {
+		return defaultRates
+	}
+	return o.rates
+}
+
+// parseRates reads -rates: students per second, comma-separated, which
+// must include the two rates the goals and the name-value lines are for.
+func parseRates(list string) ([]float64, error) {
+	var rates []float64
+	for field := range strings.SplitSeq(list, ",") {
+		rate, err := strconv.ParseFloat(strings.TrimSpace(field), 64)
+		if err != nil || rate <= 0 || rate > 10000 {
+			return nil, fmt.Errorf("-rates: %q is not a rate from 1 to 10000 students/s", field)
+		}
+		if !slices.Contains(rates, rate) {
+			rates = append(rates, rate)
+		}
+	}
+	for _, must := range defaultRates {
+		if !slices.Contains(rates, must) {
+			return nil, fmt.Errorf("-rates: must include %.0f, a rate the goals are set for", must)
+		}
+	}
+	slices.Sort(rates)
+	return rates, nil
+}
 
 type options struct {
+	rates            []float64
 	rounds           int
 	clients          int
 	warmup, duration time.Duration
@@ -106,6 +139,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	fs.DurationVar(&o.latencyWarmup, "latency-warmup", 2*time.Second, "latency: warm-up at the rate, not measured")
 	fs.DurationVar(&o.latencyDuration, "latency-duration", 15*time.Second, "latency: measured time at each rate")
 	fs.StringVar(&o.perfDir, "perf", "", "latency: a whole-machine CPU profile (Linux perf) of each run at 200/s, into this directory: NAME.data and a report, NAME.txt")
+	rates := fs.String("rates", "200,500", "latency: the rates measured, students/s, comma-separated; 200 and 500 always (the goals' rates)")
 	fs.IntVar(&o.history, "history", 20000, "latency: students already linked in both databases, with statistics, before each run, as in a deployment that has run a while (0: empty databases)")
 	fs.DurationVar(&o.idleSettle, "idle-settle", 5*time.Second, "idle CPU: wait after the last latency run before sampling")
 	fs.DurationVar(&o.idleWindow, "idle-window", 20*time.Second, "idle CPU: sampling window")
@@ -123,6 +157,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.rates, err = parseRates(*rates); err != nil {
+		return err
 	}
 	switch {
 	case o.rounds < 1, o.clients < 1 || o.clients > 1024, o.rows < 1, o.students < 1, o.rate <= 0, o.history < 0,
@@ -302,7 +339,7 @@ func tagFor(source string) string {
 // measure runs the rounds and reports.
 func (b *bench) measure(ctx context.Context, o options) error {
 	b.printf("bench: %d rounds; intake %d clients for %s after %s; burndown %d rows; latency %s after %s at %v/s, after a history of %d students; shipped defaults\n",
-		o.rounds, o.clients, o.duration, o.warmup, o.rows, o.latencyDuration, o.latencyWarmup, latencyRates, o.history)
+		o.rounds, o.clients, o.duration, o.warmup, o.rows, o.latencyDuration, o.latencyWarmup, o.latencyRates(), o.history)
 	b.printf("intake POSTs without an Idempotency-Key, as the README's curl session does\n")
 	sources := []string{sourcePoll}
 	if o.cdc {
@@ -357,11 +394,11 @@ func (b *bench) measure(ctx context.Context, o options) error {
 			b.printf("%s  %-9s %8.0f linked/s     bound %8.0f/s   ratio %.2f\n", tag, label, got, bound, got/bound)
 		}
 
-		for i, rate := range latencyRates {
+		for i, rate := range o.latencyRates() {
 			for _, src := range order {
 				sf := f.src[src]
 				var after func(*system) error
-				if r == o.rounds && i == len(latencyRates)-1 {
+				if r == o.rounds && i == len(o.latencyRates())-1 {
 					// The last run of each source leaves its processes up
 					// for the idle measurement: warm, having done real work.
 					after = func(sys *system) error {
@@ -398,12 +435,25 @@ func (b *bench) measure(ctx context.Context, o options) error {
 	return nil
 }
 
-// goalP99 is the latency goal at rate.
-func goalP99(rate float64) time.Duration {
-	if rate == 500 {
-		return goalP99At500
+// goalP99 is the latency goal at rate, if the issue set one for it.
+func goalP99(rate float64) (time.Duration, bool) {
+	switch rate {
+	case 200:
+		return goalP99At200, true
+	case 500:
+		return goalP99At500, true
 	}
-	return goalP99At200
+	return 0, false
+}
+
+// goalCells are a p99's goal and verdict as the tables show them, blank
+// at a rate with no goal.
+func goalCells(rate float64, p99 time.Duration) (goal, verdictCell string) {
+	g, ok := goalP99(rate)
+	if !ok {
+		return "", ""
+	}
+	return "p99 ≤ " + ms(g), verdict(p99 <= g)
 }
 
 // p99 is the median over the rounds of the runs' p99 at rate.
@@ -440,13 +490,13 @@ func (b *bench) report(o options, f figures) {
 	fmt.Fprintf(w, "burndown\t%.0f linked/s\t%.0f/s\t%.2f\t≥ %.1f× bound\t%s\n",
 		median(poll.burndown), median(f.burndownBound), burndownRatio, goalRatio, verdict(burndownRatio >= goalRatio))
 	fmt.Fprintf(w, "  per student\t%s\t\t\t\t\n", medianWork(poll.burndownWork))
-	for _, rate := range latencyRates {
-		goal := goalP99(rate)
+	for _, rate := range o.latencyRates() {
 		res := poll.latency[rate]
-		fmt.Fprintf(w, "latency at %.0f/s\tp50 %s  p90 %s  p99 %s\t\t\tp99 ≤ %s\t%s\n", rate,
+		goal, v := goalCells(rate, poll.p99(rate))
+		fmt.Fprintf(w, "latency at %.0f/s\tp50 %s  p90 %s  p99 %s\t\t\t%s\t%s\n", rate,
 			ms(medianDuration(res, func(r latencyResult) time.Duration { return r.p50 })),
 			ms(medianDuration(res, func(r latencyResult) time.Duration { return r.p90 })),
-			ms(poll.p99(rate)), ms(goal), verdict(poll.p99(rate) <= goal))
+			ms(poll.p99(rate)), goal, v)
 	}
 	for _, name := range []string{studentBin, usersBin, senderBin} {
 		fmt.Fprintf(w, "idle CPU, %s\t%.2f%% of a core\t\t\t< %.0f%%\t%s\n", name, poll.idle[name], goalIdleCPUPct, verdict(poll.idle[name] < goalIdleCPUPct))
@@ -478,7 +528,7 @@ func (b *bench) report(o options, f figures) {
 		fmt.Fprintf(b.out, "cdc_p99_ms_at_200 %.1f\n", msFloat(cdc.p99(200)))
 		fmt.Fprintf(b.out, "cdc_p99_ms_at_500 %.1f\n", msFloat(cdc.p99(500)))
 		fmt.Fprintf(b.out, "cdc_idle_cpu_pct %.2f\n", cdc.idle[senderBin])
-		fmt.Fprintf(b.out, "cdc_slot_lag_bytes_max %.0f\n", max(0, cdc.slotLagMax(latencyRates...)))
+		fmt.Fprintf(b.out, "cdc_slot_lag_bytes_max %.0f\n", max(0, cdc.slotLagMax(o.latencyRates()...)))
 	}
 }
 
@@ -511,15 +561,16 @@ func (b *bench) sideBySide(o options, f figures) {
 	fmt.Fprintf(w, "  per student, burndown\t%s\t\t\n", cells(func(sf *sourceFigures) string {
 		return medianWork(sf.burndownWork).String()
 	}))
-	for _, rate := range latencyRates {
-		goal := goalP99(rate)
-		fmt.Fprintf(w, "latency at %.0f/s, p50 / p90 / p99\t%s\tp99 ≤ %s\t\n", rate, cells(func(sf *sourceFigures) string {
+	for _, rate := range o.latencyRates() {
+		goal, _ := goalCells(rate, 0)
+		fmt.Fprintf(w, "latency at %.0f/s, p50 / p90 / p99\t%s\t%s\t\n", rate, cells(func(sf *sourceFigures) string {
 			res := sf.latency[rate]
-			return fmt.Sprintf("%.1f / %.1f / %.1f ms %s",
+			_, v := goalCells(rate, sf.p99(rate))
+			return strings.TrimSpace(fmt.Sprintf("%.1f / %.1f / %.1f ms %s",
 				msFloat(medianDuration(res, func(r latencyResult) time.Duration { return r.p50 })),
 				msFloat(medianDuration(res, func(r latencyResult) time.Duration { return r.p90 })),
-				msFloat(sf.p99(rate)), verdict(sf.p99(rate) <= goal))
-		}), ms(goal))
+				msFloat(sf.p99(rate)), v))
+		}), goal)
 		fmt.Fprintf(w, "  p99 at %.0f/s, rounds\t%s\t\t\n", rate, cells(func(sf *sourceFigures) string {
 			p99s := make([]float64, 0, len(sf.latency[rate]))
 			for _, r := range sf.latency[rate] {
@@ -528,7 +579,7 @@ func (b *bench) sideBySide(o options, f figures) {
 			return "[" + spread(p99s, "%.0f") + " ms]"
 		}))
 	}
-	for _, rate := range latencyRates {
+	for _, rate := range o.latencyRates() {
 		fmt.Fprintf(w, "  linked ≥ %s after sent at %.0f/s, rounds\t%s\t\t\n", cdcGrace, rate, cells(func(sf *sourceFigures) string {
 			late, all := 0, 0
 			for _, r := range sf.latency[rate] {
@@ -537,14 +588,14 @@ func (b *bench) sideBySide(o options, f figures) {
 			return fmt.Sprintf("%d of %d", late, all)
 		}))
 	}
-	for _, rate := range latencyRates {
+	for _, rate := range o.latencyRates() {
 		lag := cdc.slotLagMax(rate)
 		fmt.Fprintf(w, "slot lag at %.0f/s, largest sample\t-\t%s\t\t\n", rate, kB(lag))
 	}
 	fmt.Fprintf(w, "idle CPU, %s\t%s\t< %.0f%%\t\n", senderBin, cells(func(sf *sourceFigures) string {
 		return fmt.Sprintf("%.2f%% of a core %s", sf.idle[senderBin], verdict(sf.idle[senderBin] < goalIdleCPUPct))
 	}), goalIdleCPUPct)
-	for _, rate := range latencyRates {
+	for _, rate := range o.latencyRates() {
 		fmt.Fprintf(w, "PostgreSQL CPU at %.0f/s\t%s\t\t\n", rate, cells(func(sf *sourceFigures) string {
 			return pct(median(serverCPUs(sf.latency[rate])))
 		}))

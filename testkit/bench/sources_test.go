@@ -153,3 +153,45 @@ func TestSlotLagAndDrop(t *testing.T) {
 	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot))
 	require.Empty(t, b.slots)
 }
+
+// TestRates: -rates adds rates to the two the goals are set for, which it
+// may not leave out; a rate with no goal shows no goal and no verdict,
+// and the name-value lines stay the same.
+func TestRates(t *testing.T) {
+	t.Parallel()
+	rates, err := parseRates("500, 400,200,400")
+	require.NoError(t, err)
+	require.Equal(t, []float64{200, 400, 500}, rates)
+	for list, msg := range map[string]string{
+		"200":         "must include 500",
+		"400,500":     "must include 200",
+		"200,500,abc": `"abc" is not a rate`,
+		"200,500,0":   `"0" is not a rate`,
+		"":            `"" is not a rate`,
+	} {
+		_, err := parseRates(list)
+		require.ErrorContains(t, err, msg, list)
+	}
+	require.Equal(t, []float64{200, 500}, options{}.latencyRates())
+
+	lat := func(p99ms float64) latencyResult {
+		d := time.Duration(p99ms * float64(time.Millisecond))
+		return latencyResult{p50: d / 4, p90: d / 2, p99: d, students: 100, slotLagMax: -1, cpuPerStudent: d / 10, usersPerRequest: d / 40}
+	}
+	poll := &sourceFigures{
+		burndown: []float64{1000}, burndownRatio: []float64{0.7}, burndownCPU: []time.Duration{time.Millisecond},
+		latency: map[float64][]latencyResult{200: {lat(20)}, 400: {lat(80)}, 500: {lat(100)}},
+		idle:    map[string]float64{},
+	}
+	var out bytes.Buffer
+	b := &bench{out: &out, procs: &procs{set: map[*proc]bool{}, peak: map[string]int64{}}}
+	b.report(options{rounds: 1, rates: rates}, figures{
+		intake: []float64{2000}, intakeBound: []float64{3000}, intakeRatio: []float64{0.66}, burndownBound: []float64{2000},
+		src: map[string]*sourceFigures{sourcePoll: poll},
+	})
+	text := out.String()
+	require.Regexp(t, `latency at 200/s +p50 5\.0 ms  p90 10\.0 ms  p99 20\.0 ms +p99 ≤ 50\.0 ms +PASS`, text)
+	require.Regexp(t, `latency at 400/s +p50 20\.0 ms  p90 40\.0 ms  p99 80\.0 ms *\n`, text)
+	require.Regexp(t, `latency at 500/s +p50 25\.0 ms  p90 50\.0 ms  p99 100\.0 ms +p99 ≤ 150\.0 ms +PASS`, text)
+	require.Contains(t, text, "\np99_ms_at_200 20.0\np99_ms_at_500 100.0\n")
+}
