@@ -311,28 +311,26 @@ func serverCPU(postmaster int) (total time.Duration, byPID map[int]serverProc, e
 // backendApps is the application_name of each backend that has one, by
 // process id, but the bench's own.
 func (b *bench) backendApps(ctx context.Context) (map[int]string, error) {
-	conn, err := pgx.Connect(ctx, b.server.String())
-	if err != nil {
-		return nil, fmt.Errorf("backends' names: %w", err)
-	}
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	rows, err := conn.Query(ctx, `
-		SELECT pid, application_name FROM pg_stat_activity
-		WHERE application_name <> '' AND usename <> current_user`)
-	if err != nil {
-		return nil, fmt.Errorf("backends' names: %w", err)
-	}
-	defer rows.Close()
 	apps := map[int]string{}
-	for rows.Next() {
-		var pid int
-		var app string
-		if err := rows.Scan(&pid, &app); err != nil {
-			return nil, fmt.Errorf("backends' names: %w", err)
+	err := b.withServer(ctx, func(conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, `
+			SELECT pid, application_name FROM pg_stat_activity
+			WHERE application_name <> '' AND usename <> current_user`)
+		if err != nil {
+			return err
 		}
-		apps[pid] = app
-	}
-	if err := rows.Err(); err != nil {
+		defer rows.Close()
+		for rows.Next() {
+			var pid int
+			var app string
+			if err := rows.Scan(&pid, &app); err != nil {
+				return err
+			}
+			apps[pid] = app
+		}
+		return rows.Err()
+	})
+	if err != nil {
 		return nil, fmt.Errorf("backends' names: %w", err)
 	}
 	return apps, nil

@@ -68,13 +68,10 @@ func medianWork(ws []dbWork) dbWork {
 // is an ALTER SYSTEM statement for setAndRestart, "" when the module is
 // missing (the statements are then not measured).
 func trackStatements(ctx context.Context, server string) (string, error) {
-	conn, err := pgx.Connect(ctx, server)
-	if err != nil {
-		return "", fmt.Errorf("configure PostgreSQL: %w", err)
-	}
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	var available bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_available_extensions WHERE name = 'pg_stat_statements')").Scan(&available); err != nil {
+	if err := withConn(ctx, server, func(conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_available_extensions WHERE name = 'pg_stat_statements')").Scan(&available)
+	}); err != nil {
 		return "", fmt.Errorf("configure PostgreSQL: %w", err)
 	}
 	if !available {
@@ -88,28 +85,26 @@ func trackStatements(ctx context.Context, server string) (string, error) {
 // a query, not a BEGIN or a COMMIT (commits are counted on their own).
 // It says whether statements are counted.
 func enableStatements(ctx context.Context, server string) (bool, error) {
-	conn, err := pgx.Connect(ctx, server)
+	var loaded bool
+	err := withConn(ctx, server, func(conn *pgx.Conn) error {
+		if err := conn.QueryRow(ctx, "SELECT current_setting('shared_preload_libraries') LIKE '%pg_stat_statements%'").Scan(&loaded); err != nil || !loaded {
+			return err
+		}
+		for _, statement := range []string{
+			"CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+			"ALTER SYSTEM SET pg_stat_statements.track_utility = off",
+			"SELECT pg_reload_conf()",
+		} {
+			if _, err := conn.Exec(ctx, statement); err != nil {
+				return fmt.Errorf("%s: %w", statement, err)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return false, fmt.Errorf("configure PostgreSQL: %w", err)
 	}
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	var loaded bool
-	if err := conn.QueryRow(ctx, "SELECT current_setting('shared_preload_libraries') LIKE '%pg_stat_statements%'").Scan(&loaded); err != nil {
-		return false, fmt.Errorf("configure PostgreSQL: %w", err)
-	}
-	if !loaded {
-		return false, nil
-	}
-	for _, statement := range []string{
-		"CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
-		"ALTER SYSTEM SET pg_stat_statements.track_utility = off",
-		"SELECT pg_reload_conf()",
-	} {
-		if _, err := conn.Exec(ctx, statement); err != nil {
-			return false, fmt.Errorf("configure PostgreSQL: %s: %w", statement, err)
-		}
-	}
-	return true, nil
+	return loaded, nil
 }
 
 // workSince starts counting d's work. The function it returns ends the
@@ -196,7 +191,12 @@ func (b *bench) workSince(ctx context.Context, d *databases) (func(ctx context.C
 // withServer runs f on a connection of its own to the server, as the
 // bench's administrator, in no database of a run's.
 func (b *bench) withServer(ctx context.Context, f func(conn *pgx.Conn) error) error {
-	conn, err := pgx.Connect(ctx, b.server.String())
+	return withConn(ctx, b.server.String(), f)
+}
+
+// withConn runs f on a connection of its own to dbURL, closed after.
+func withConn(ctx context.Context, dbURL string, f func(conn *pgx.Conn) error) error {
+	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		return err
 	}
