@@ -102,6 +102,9 @@ func (b *bench) compare(ctx context.Context, o options, builds []build, baseline
 				if split := res.serverSplit(); split != "" {
 					b.printf("%s    %s\n", tag, split)
 				}
+				if sleeps := res.sleeps(); sleeps != "" {
+					b.printf("%s    %s\n", tag, sleeps)
+				}
 				if res.tail != nil {
 					b.printf("%s    %s\n", tag, res.tail)
 				}
@@ -197,6 +200,16 @@ func (b *bench) compareReport(o options, base, this *buildFigures, baseline stri
 			{"Student", studentBin}, {"Users", usersBin}, {"sender", senderBin}, {"PostgreSQL", postgresName},
 		} {
 			row("  "+p.name, "%.2f", lat(rate, func(r latencyResult) time.Duration { return r.perStudent[p.key] }))
+		}
+		for _, p := range []struct{ name, key string }{
+			{"Student", studentBin}, {"Users", usersBin}, {"sender", senderBin}, {"PostgreSQL", postgresName},
+		} {
+			row(fmt.Sprintf("  sleeps per student at %.0f/s, %s", rate, p.name), "%.1f", perRun(rate, func(r latencyResult) float64 {
+				if v, ok := r.sleepsPerStudent[p.key]; ok {
+					return v
+				}
+				return -1
+			}))
 		}
 		row(fmt.Sprintf("  rows per claim at %.0f/s", rate), "%.1f", perRun(rate, func(r latencyResult) float64 { return r.claimRows }))
 		row(fmt.Sprintf("  rows per recording at %.0f/s", rate), "%.1f", perRun(rate, func(r latencyResult) float64 { return r.recordRows }))

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -87,12 +88,46 @@ func TestRoleOfTitle(t *testing.T) {
 func TestServerSplit(t *testing.T) {
 	t.Parallel()
 	ms := time.Millisecond
-	before := map[int]serverProc{10: {"student_app", 100 * ms}, 11: {"users_app", 50 * ms}, 12: {"autovacuum worker", 30 * ms}}
-	after := map[int]serverProc{10: {"student_app", 160 * ms}, 11: {"users_app", 70 * ms}, 13: {"users_app", 5 * ms}}
+	before := map[int]serverProc{10: {role: "student_app", cpu: 100 * ms}, 11: {role: "users_app", cpu: 50 * ms}, 12: {role: "autovacuum worker", cpu: 30 * ms}}
+	after := map[int]serverProc{10: {role: "student_app", cpu: 160 * ms}, 11: {role: "users_app", cpu: 70 * ms}, 13: {role: "users_app", cpu: 5 * ms}}
 	// 60 + 20 + 5 by the running ones, and the exited worker's 40 (its 30
 	// before and 10 more) moved into the postmaster's reaped time.
 	split := serverSplit(125*ms, before, after)
 	require.Equal(t, map[string]time.Duration{"student_app": 60 * ms, "users_app": 25 * ms, exitedRole: 40 * ms}, split)
+}
+
+// TestServerSleeps: each process running at the second reading counts the
+// sleeps since the first (all of them when new); one that exited, or whose
+// count could not be read, counts none.
+func TestServerSleeps(t *testing.T) {
+	t.Parallel()
+	before := map[int]serverProc{
+		10: {role: "student_app", sleeps: 100}, 11: {role: "users_app", sleeps: 50},
+		12: {role: "autovacuum worker", sleeps: 30}, 14: {role: "walwriter", sleeps: -1},
+	}
+	after := map[int]serverProc{
+		10: {role: "student_app", sleeps: 160}, 11: {role: "users_app", sleeps: 70},
+		13: {role: "users_app", sleeps: 5}, 14: {role: "walwriter", sleeps: 9}, 15: {role: "checkpointer", sleeps: -1},
+	}
+	total, byRole := serverSleeps(before, after)
+	require.Equal(t, map[string]int64{"student_app": 60, "users_app": 25, "walwriter": 9}, byRole)
+	require.Equal(t, int64(94), total)
+}
+
+// TestSleepsCounted: sleeps reads the process's own threads, and a
+// thread that sleeps a hundred times adds a hundred or more.
+func TestSleepsCounted(t *testing.T) {
+	t.Parallel()
+	before, err := sleeps(os.Getpid())
+	require.NoError(t, err)
+	for range 100 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	after, err := sleeps(os.Getpid())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, after-before, int64(100))
+	_, err = sleeps(-1)
+	require.Error(t, err)
 }
 
 // TestNamedBackends: a backend a service names is split apart from the

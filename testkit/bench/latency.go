@@ -100,6 +100,12 @@ type latencyResult struct {
 	// serverPerStudent splits perStudent's PostgreSQL by process
 	// (cpuUse.serverByRole); nil when not measured.
 	serverPerStudent map[string]time.Duration
+	// sleepsPerStudent is how often each process went to sleep over the
+	// run, per student sent (cpuUse.sleeps), and serverSleepsPerStudent
+	// PostgreSQL's by role; PostgreSQL is absent, and the split nil, when
+	// not measured.
+	sleepsPerStudent       map[string]float64
+	serverSleepsPerStudent map[string]float64
 }
 
 // postgresName is what PostgreSQL's processes are called in a split of
@@ -140,6 +146,33 @@ func (r latencyResult) serverSplit() string {
 		}
 	}
 	return "PostgreSQL's ms per student by process: " + strings.Join(parts, ", ")
+}
+
+// sleeps is the run's line of wake-ups: how often each process went to
+// sleep per student sent, and PostgreSQL's by role, "" when not measured.
+func (r latencyResult) sleeps() string {
+	if len(r.sleepsPerStudent) == 0 {
+		return ""
+	}
+	line := fmt.Sprintf("sleeps per student (each ends in a wake-up): Student %.1f, Users %.1f, sender %.1f",
+		r.sleepsPerStudent[studentBin], r.sleepsPerStudent[usersBin], r.sleepsPerStudent[senderBin])
+	if broker, ok := r.sleepsPerStudent[natsdBin]; ok {
+		line += fmt.Sprintf(", broker %.1f", broker)
+	}
+	if pg, ok := r.sleepsPerStudent[postgresName]; ok {
+		roles := slices.Collect(maps.Keys(r.serverSleepsPerStudent))
+		slices.SortFunc(roles, func(a, b string) int {
+			return cmp.Or(cmp.Compare(r.serverSleepsPerStudent[b], r.serverSleepsPerStudent[a]), cmp.Compare(a, b))
+		})
+		parts := make([]string, 0, len(roles))
+		for _, role := range roles {
+			if v := r.serverSleepsPerStudent[role]; v >= 0.05 {
+				parts = append(parts, fmt.Sprintf("%s %.1f", role, v))
+			}
+		}
+		line += fmt.Sprintf(", PostgreSQL %.1f (%s)", pg, strings.Join(parts, ", "))
+	}
+	return line
 }
 
 // tailStages splits the latency of the slowest 1% of a run (those at or
@@ -321,6 +354,16 @@ func (b *bench) latency(ctx context.Context, rate float64, source string, warmup
 		}
 		if users, ok := cost.byProc[usersBin]; ok {
 			res.usersPerRequest = users / n
+		}
+		res.sleepsPerStudent = map[string]float64{}
+		for name, c := range cost.sleeps {
+			res.sleepsPerStudent[name] = float64(c) / float64(n)
+		}
+		if cost.serverSleepsByRole != nil {
+			res.serverSleepsPerStudent = map[string]float64{}
+			for role, c := range cost.serverSleepsByRole {
+				res.serverSleepsPerStudent[role] = float64(c) / float64(n)
+			}
 		}
 	}
 	if b.commitTimes {
@@ -550,6 +593,11 @@ type cpuUse struct {
 	// serverByRole splits server by what each of PostgreSQL's processes
 	// is (serverCPU); nil when not measured.
 	serverByRole map[string]time.Duration
+	// sleeps is how often each process went to sleep over the window (by
+	// binary, and postgresName for PostgreSQL's when measured), and
+	// serverSleepsByRole PostgreSQL's split by role; see sleeps.
+	sleeps             map[string]int64
+	serverSleepsByRole map[string]int64
 }
 
 // total is every process's and PostgreSQL's use, -1 when PostgreSQL's was
@@ -579,12 +627,16 @@ func (u cpuUse) pct(d time.Duration) float64 {
 func (b *bench) cpuSince(ctx context.Context, sys *system) (func() (cpuUse, error), error) {
 	ps := sys.running()
 	before := make([]time.Duration, len(ps))
+	slept := make([]int64, len(ps))
 	for i, p := range ps {
 		t, err := cpuTime(p.pid())
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		before[i] = t
+		if slept[i], err = sleeps(p.pid()); err != nil {
+			return nil, fmt.Errorf("%s: %w", p.name, err)
+		}
 	}
 	server := func() (time.Duration, map[int]serverProc, error) {
 		return 0, nil, errors.New("no server of the bench's own")
@@ -595,13 +647,18 @@ func (b *bench) cpuSince(ctx context.Context, sys *system) (func() (cpuUse, erro
 	serverBefore, procsBefore, serverErr := server()
 	start := time.Now()
 	return func() (cpuUse, error) {
-		use := cpuUse{byProc: map[string]time.Duration{}, server: -1, elapsed: time.Since(start)}
+		use := cpuUse{byProc: map[string]time.Duration{}, server: -1, elapsed: time.Since(start), sleeps: map[string]int64{}}
 		for i, p := range ps {
 			t, err := cpuTime(p.pid())
 			if err != nil {
 				return cpuUse{}, fmt.Errorf("%s: %w", p.name, err)
 			}
 			use.byProc[p.name] += t - before[i]
+			n, err := sleeps(p.pid())
+			if err != nil {
+				return cpuUse{}, fmt.Errorf("%s: %w", p.name, err)
+			}
+			use.sleeps[p.name] += n - slept[i]
 		}
 		if after, procs, err := server(); serverErr == nil && err == nil {
 			// A connection a service names (the sender's listener) is told
@@ -610,6 +667,7 @@ func (b *bench) cpuSince(ctx context.Context, sys *system) (func() (cpuUse, erro
 			apps, _ := b.backendApps(ctx)
 			use.server = after - serverBefore
 			use.serverByRole = serverSplit(use.server, named(procsBefore, apps), named(procs, apps))
+			use.sleeps[postgresName], use.serverSleepsByRole = serverSleeps(named(procsBefore, apps), named(procs, apps))
 		}
 		return use, nil
 	}, nil

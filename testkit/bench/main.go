@@ -425,6 +425,9 @@ func (b *bench) measure(ctx context.Context, o options) error {
 				if split := res.serverSplit(); split != "" {
 					b.printf("%s    %s\n", tag, split)
 				}
+				if sleeps := res.sleeps(); sleeps != "" {
+					b.printf("%s    %s\n", tag, sleeps)
+				}
 				if res.tail != nil {
 					b.printf("%s    %s\n", tag, res.tail)
 				}

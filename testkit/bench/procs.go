@@ -214,6 +214,38 @@ func cpuTime(pid int) (time.Duration, error) {
 	return t, nil
 }
 
+// sleeps is how many times the process's threads have gone to sleep
+// waiting for something (a socket, a lock, a timer, the disk): the sum of
+// voluntary_ctxt_switches over /proc/PID/task/*/status. Each sleep ends in
+// a wake-up, and on a virtual machine every wake-up pays the hypervisor,
+// so the count is the wake-ups a process costs, read as a count: the same
+// on a busy hour and a quiet one, where CPU time is not. Threads that have
+// exited take their counts with them; the services' threads live as long
+// as they do.
+func sleeps(pid int) (int64, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, fmt.Errorf("sleeps: %w", err)
+	}
+	var n int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				c, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("sleeps: /proc/%d/task/%s/status: %w", pid, t.Name(), err)
+				}
+				n += c
+			}
+		}
+	}
+	return n, nil
+}
+
 // procStatusKB reads a "Vm…: N kB" line of /proc/PID/status.
 func procStatusKB(pid int, field string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -302,7 +334,11 @@ func serverCPU(postmaster int) (total time.Duration, byPID map[int]serverProc, e
 		}
 		if t, err := ticks(f, 14, 15); err == nil {
 			total += t
-			byPID[pid] = serverProc{role: serverRole(pid), cpu: t}
+			w, err := sleeps(pid)
+			if err != nil {
+				w = -1
+			}
+			byPID[pid] = serverProc{role: serverRole(pid), cpu: t, sleeps: w}
 		}
 	}
 	return total, byPID, nil
@@ -349,11 +385,13 @@ func named(procs map[int]serverProc, apps map[int]string) map[int]serverProc {
 	return out
 }
 
-// serverProc is one of PostgreSQL's running processes: what it is, and the
-// CPU it has used.
+// serverProc is one of PostgreSQL's running processes: what it is, the
+// CPU it has used, and how often it has gone to sleep (sleeps; -1 when it
+// could not be read).
 type serverProc struct {
-	role string
-	cpu  time.Duration
+	role   string
+	cpu    time.Duration
+	sleeps int64
 }
 
 // exitedRole is what the split of PostgreSQL's CPU calls the rest: the
@@ -376,6 +414,26 @@ func serverSplit(total time.Duration, before, after map[int]serverProc) map[stri
 		split[exitedRole] += rest
 	}
 	return split
+}
+
+// serverSleeps is how often PostgreSQL's processes went to sleep between
+// two readings of serverCPU, in all and by role (as serverSplit). Only
+// processes running at the second reading count: one that exited between
+// them (an autovacuum worker) took its count with it.
+func serverSleeps(before, after map[int]serverProc) (total int64, byRole map[string]int64) {
+	byRole = map[string]int64{}
+	for pid, p := range after {
+		if p.sleeps < 0 {
+			continue
+		}
+		d := p.sleeps
+		if b, ok := before[pid]; ok && b.sleeps >= 0 {
+			d -= b.sleeps
+		}
+		byRole[p.role] += d
+		total += d
+	}
+	return total, byRole
 }
 
 // serverRole is what a server process is, by its title (roleOfTitle);
