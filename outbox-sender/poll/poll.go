@@ -29,6 +29,8 @@ type Table struct {
 	wake <-chan struct{}
 	// leaveNew is how long to leave a new row to a stream; nil for never.
 	leaveNew func() time.Duration
+	// woken is when a notification last woke the feed.
+	woken time.Time
 }
 
 // NewTable returns the table feed. wake, when not nil, wakes it at once;
@@ -56,7 +58,14 @@ func (t *Table) Wait(ctx context.Context, last relay.Claimed) int {
 	case <-t.wake:
 		// Commits come in streams: a moment's wait lets the next few join
 		// this claim instead of each costing one. Their notifications
-		// coalesce meanwhile.
+		// coalesce meanwhile. A notification long after the one before
+		// is a lone commit, claimed at once (relay.WakeQuiet).
+		now := time.Now()
+		lone := now.Sub(t.woken) >= relay.WakeQuiet
+		t.woken = now
+		if lone {
+			return relay.Unknown
+		}
 		poll.Reset(relay.WakeLinger)
 		select {
 		case <-ctx.Done():
