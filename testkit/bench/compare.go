@@ -31,6 +31,7 @@ type build struct {
 
 // buildFigures are one build's results, a value per round for each measure.
 type buildFigures struct {
+	intake       []float64
 	burndown     []float64
 	burndownCPU  []time.Duration
 	burndownWork []dbWork
@@ -65,14 +66,29 @@ func buildBaseline(ctx context.Context, root, ref, dir string) (build, string, e
 // compare measures the baseline and this build in turn and reports them
 // side by side.
 func (b *bench) compare(ctx context.Context, o options, builds []build, baseline string) error {
-	b.printf("bench: this checkout beside the baseline %s: %d rounds; burndown %d rows; latency %s after %s at %v/s, after a history of %d students; poll; shipped defaults\n",
-		baseline, o.rounds, o.rows, o.latencyDuration, o.latencyWarmup, o.latencyRates(), o.history)
+	b.printf("bench: this checkout beside the baseline %s: %d rounds; intake %d clients for %s after %s; burndown %d rows; latency %s after %s at %v/s, after a history of %d students; poll; shipped defaults\n",
+		baseline, o.rounds, o.clients, o.duration, o.warmup, o.rows, o.latencyDuration, o.latencyWarmup, o.latencyRates(), o.history)
 	f := map[string]*buildFigures{}
 	for _, bd := range builds {
 		f[bd.name] = &buildFigures{latency: map[float64][]latencyResult{}}
 	}
+	icfg := intakeConfig{clients: o.clients, warmup: o.warmup, duration: o.duration}
 	for r := 1; r <= o.rounds; r++ {
 		order := rotated(builds, r)
+		// Intake first: Student alone, with no other process of the
+		// system on the cores. Its bound is the same for both builds, so
+		// the rates compare as they are.
+		for _, bd := range order {
+			tag := fmt.Sprintf("round %d/%d, %s", r, o.rounds, bd.name)
+			b.bins, b.env = bd.bins, bd.env
+			b.printf("%s  intake ...\n", tag)
+			got, err := b.intakeReal(ctx, icfg)
+			if err != nil {
+				return fmt.Errorf("%s, intake: %w", tag, err)
+			}
+			f[bd.name].intake = append(f[bd.name].intake, got)
+			b.printf("%s  intake    %8.0f students/s\n", tag, got)
+		}
 		for _, bd := range order {
 			tag := fmt.Sprintf("round %d/%d, %s", r, o.rounds, bd.name)
 			b.bins, b.env = bd.bins, bd.env
@@ -173,6 +189,7 @@ func (b *bench) compareReport(o options, base, this *buildFigures, baseline stri
 	lat := func(rate float64, f func(latencyResult) time.Duration) func(*buildFigures) []float64 {
 		return perRun(rate, func(r latencyResult) float64 { return msFloat(f(r)) })
 	}
+	row(fmt.Sprintf("intake, students/s (%d clients)", o.clients), "%.0f", func(bf *buildFigures) []float64 { return bf.intake })
 	row("burndown, linked/s", "%.0f", func(bf *buildFigures) []float64 { return bf.burndown })
 	row("CPU ms per student, burndown", "%.2f", func(bf *buildFigures) []float64 { return msOf(bf.burndownCPU) })
 	work := func(f func(dbWork) float64) func(*buildFigures) []float64 {
