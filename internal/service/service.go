@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -268,4 +269,25 @@ func healthcheck(ctx context.Context, addr string, stdout io.Writer) error {
 	}
 	_, err = fmt.Fprintln(stdout, "ready")
 	return err
+}
+
+// DefaultProcs is how many cores each service runs Go code on at once
+// unless GOMAXPROCS says otherwise: one. The services wait on sockets far
+// more than they compute, and with a core of its own idle beside the busy
+// one, Go's scheduler wakes a second thread to look for work at nearly
+// every hand-off between goroutines, and finds none. make bench measured
+// one against the default of one per core (two here): the three services'
+// sleeps per student at 200/s fell by a third to a half, the whole
+// system's CPU per student by a tenth, and the burndown ran 6% slower,
+// its sender then working on one core (docs/performance.md).
+const DefaultProcs = 1
+
+// SetProcs gives the process DefaultProcs, unless GOMAXPROCS is set: the
+// Go runtime has applied that already. main calls it, not Run, since it is
+// the whole process's setting, and tests that call Run in their own
+// process keep theirs.
+func SetProcs(getenv func(string) string) {
+	if getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(DefaultProcs)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"testing"
 	"time"
 
@@ -51,4 +52,23 @@ func TestBinaryBoundsItsDatabase(t *testing.T) {
 		"idle_in_transaction_session_timeout": "10s",
 		"tcp_user_timeout":                    "15000",
 	}, settings)
+}
+
+// TestSetProcs: without GOMAXPROCS the process runs Go code on
+// DefaultProcs cores; with it, SetProcs leaves what the runtime read from
+// it. Not parallel: GOMAXPROCS is the whole test process's, and is put
+// back afterwards.
+func TestSetProcs(t *testing.T) { //nolint:paralleltest // changes the process's GOMAXPROCS
+	before := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+
+	runtime.GOMAXPROCS(3)
+	SetProcs(func(name string) string {
+		require.Equal(t, "GOMAXPROCS", name)
+		return "3"
+	})
+	require.Equal(t, 3, runtime.GOMAXPROCS(0), "GOMAXPROCS set: left as the runtime applied it")
+
+	SetProcs(func(string) string { return "" })
+	require.Equal(t, DefaultProcs, runtime.GOMAXPROCS(0))
 }

@@ -10,10 +10,12 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/outboxref/outboxref/internal/service"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 )
 
 func main() {
+	service.SetProcs(os.Getenv) // one core unless GOMAXPROCS says otherwise
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := studentsvc.Run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
