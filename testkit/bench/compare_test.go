@@ -5,6 +5,8 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -98,7 +100,7 @@ func TestServerSplit(t *testing.T) {
 
 // TestServerSleeps: each process running at the second reading counts the
 // sleeps since the first (all of them when new); one that exited, or whose
-// count could not be read, counts none.
+// count could not be read at either reading, counts none.
 func TestServerSleeps(t *testing.T) {
 	t.Parallel()
 	before := map[int]serverProc{
@@ -110,24 +112,55 @@ func TestServerSleeps(t *testing.T) {
 		13: {role: "users_app", sleeps: 5}, 14: {role: "walwriter", sleeps: 9}, 15: {role: "checkpointer", sleeps: -1},
 	}
 	total, byRole := serverSleeps(before, after)
-	require.Equal(t, map[string]int64{"student_app": 60, "users_app": 25, "walwriter": 9}, byRole)
-	require.Equal(t, int64(94), total)
+	require.Equal(t, map[string]int64{"student_app": 60, "users_app": 25}, byRole)
+	require.Equal(t, int64(85), total)
 }
 
-// TestSleepsCounted: sleeps reads the process's own threads, and a
-// thread that sleeps a hundred times adds a hundred or more.
+// TestSleepsCounted: sleeps adds up every thread of the process, not only
+// the first, whose count /proc/PID/status shows: a thread of its own that
+// sleeps a hundred times puts the sum a hundred or more above the first
+// thread's count.
 func TestSleepsCounted(t *testing.T) {
 	t.Parallel()
-	before, err := sleeps(os.Getpid())
+	slept := make(chan struct{})
+	release := make(chan struct{})
+	go func() {
+		// Locked, the goroutine's thread sleeps each time it does; it is
+		// unlocked before the goroutine ends, so that the thread, and its
+		// count, live on.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		for range 100 {
+			time.Sleep(100 * time.Microsecond)
+		}
+		close(slept)
+		<-release
+	}()
+	<-slept
+	defer close(release)
+	first := firstThreadSleeps(t)
+	all, err := sleeps(os.Getpid())
 	require.NoError(t, err)
-	for range 100 {
-		time.Sleep(100 * time.Microsecond)
-	}
-	after, err := sleeps(os.Getpid())
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, after-before, int64(100))
+	require.GreaterOrEqual(t, all-first, int64(100))
 	_, err = sleeps(-1)
 	require.Error(t, err)
+}
+
+// firstThreadSleeps is voluntary_ctxt_switches of /proc/self/status: the
+// process's first thread's alone.
+func firstThreadSleeps(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	require.NoError(t, err)
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatal("no voluntary_ctxt_switches in /proc/self/status")
+	return 0
 }
 
 // TestNamedBackends: a backend a service names is split apart from the

@@ -154,10 +154,16 @@ func (r latencyResult) sleeps() string {
 	if len(r.sleepsPerStudent) == 0 {
 		return ""
 	}
-	line := fmt.Sprintf("sleeps per student (each ends in a wake-up): Student %.1f, Users %.1f, sender %.1f",
-		r.sleepsPerStudent[studentBin], r.sleepsPerStudent[usersBin], r.sleepsPerStudent[senderBin])
-	if broker, ok := r.sleepsPerStudent[natsdBin]; ok {
-		line += fmt.Sprintf(", broker %.1f", broker)
+	of := func(name string) string {
+		if v, ok := r.sleepsPerStudent[name]; ok {
+			return fmt.Sprintf("%.1f", v)
+		}
+		return "-"
+	}
+	line := fmt.Sprintf("sleeps per student (each ends in a wake-up): Student %s, Users %s, sender %s",
+		of(studentBin), of(usersBin), of(senderBin))
+	if _, ok := r.sleepsPerStudent[natsdBin]; ok {
+		line += ", broker " + of(natsdBin)
 	}
 	if pg, ok := r.sleepsPerStudent[postgresName]; ok {
 		roles := slices.Collect(maps.Keys(r.serverSleepsPerStudent))
@@ -170,7 +176,10 @@ func (r latencyResult) sleeps() string {
 				parts = append(parts, fmt.Sprintf("%s %.1f", role, v))
 			}
 		}
-		line += fmt.Sprintf(", PostgreSQL %.1f (%s)", pg, strings.Join(parts, ", "))
+		line += fmt.Sprintf(", PostgreSQL %.1f", pg)
+		if len(parts) > 0 {
+			line += " (" + strings.Join(parts, ", ") + ")"
+		}
 	}
 	return line
 }
@@ -658,7 +667,11 @@ func (b *bench) cpuSince(ctx context.Context, sys *system) (func() (cpuUse, erro
 			if err != nil {
 				return cpuUse{}, fmt.Errorf("%s: %w", p.name, err)
 			}
-			use.sleeps[p.name] += n - slept[i]
+			// Fewer than before: a thread exited with its count. The
+			// count is then not measured (absent), rather than wrong.
+			if n >= slept[i] {
+				use.sleeps[p.name] += n - slept[i]
+			}
 		}
 		if after, procs, err := server(); serverErr == nil && err == nil {
 			// A connection a service names (the sender's listener) is told

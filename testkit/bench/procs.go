@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -230,8 +232,11 @@ func sleeps(pid int) (int64, error) {
 	var n int64
 	for _, t := range tasks {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
-		if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 			continue // the thread exited meanwhile
+		}
+		if err != nil {
+			return 0, fmt.Errorf("sleeps: %w", err)
 		}
 		for line := range strings.SplitSeq(string(b), "\n") {
 			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
@@ -418,16 +423,19 @@ func serverSplit(total time.Duration, before, after map[int]serverProc) map[stri
 
 // serverSleeps is how often PostgreSQL's processes went to sleep between
 // two readings of serverCPU, in all and by role (as serverSplit). Only
-// processes running at the second reading count: one that exited between
-// them (an autovacuum worker) took its count with it.
+// the postmaster's children running at the second reading count: one that
+// exited between them (an autovacuum worker) took its count with it, and
+// one whose count could not be read at either reading counts none. The
+// postmaster itself, which only starts and reaps them, is not read.
 func serverSleeps(before, after map[int]serverProc) (total int64, byRole map[string]int64) {
 	byRole = map[string]int64{}
 	for pid, p := range after {
-		if p.sleeps < 0 {
+		b, existed := before[pid]
+		if p.sleeps < 0 || (existed && b.sleeps < 0) {
 			continue
 		}
 		d := p.sleeps
-		if b, ok := before[pid]; ok && b.sleeps >= 0 {
+		if existed {
 			d -= b.sleeps
 		}
 		byRole[p.role] += d
