@@ -67,9 +67,11 @@ type Notifier struct {
 }
 
 // RideGap is how far a commit must follow the one before for its
-// notification to ride: the sender lingers that long after a wake-up
-// before it claims (relay.WakeLinger), so closer commits share a claim
-// anyway, and their kicks coalesce. Commits 5 ms apart (200 a second) ride.
+// notification to ride. Closer commits are a stream: their kicks
+// coalesce, and the sender lingers after such a notification
+// (relay.WakeLinger, the same 2 ms) so that they share a claim. Commits
+// 5 ms apart (200 a second) ride, and the sender claims each at once
+// (relay.WakeQuiet).
 const RideGap = 2 * time.Millisecond
 
 // Ride hands the caller a notification to send after its commit, in the

@@ -29,7 +29,7 @@ type Table struct {
 	wake <-chan struct{}
 	// leaveNew is how long to leave a new row to a stream; nil for never.
 	leaveNew func() time.Duration
-	// woken is when a notification last woke the feed.
+	// woken is when Wait last took a notification.
 	woken time.Time
 }
 
@@ -46,9 +46,22 @@ func (t *Table) String() string { return "table" }
 // a failure (the claim loop has backed off already) and at the start.
 // Otherwise nothing more is due: it sleeps until a notification says rows
 // were committed, or until the poll.
+//
+// Commits come in streams: a moment's wait after a notification
+// (relay.WakeLinger) lets the next few join its claim instead of each
+// costing one, and their notifications coalesce meanwhile. A notification
+// that was already waiting when Wait began came during the last claim: a
+// stream, so it lingers. One that Wait had to wait for, WakeQuiet or more
+// after the notification before, is a lone commit, claimed at once.
 func (t *Table) Wait(ctx context.Context, last relay.Claimed) int {
 	if last.Asked == 0 || last.Err != nil || last.Full() {
 		return relay.Unknown
+	}
+	select {
+	case <-t.wake:
+		t.woken = time.Now()
+		return linger(ctx)
+	default:
 	}
 	poll := time.NewTimer(t.every)
 	defer poll.Stop()
@@ -56,25 +69,28 @@ func (t *Table) Wait(ctx context.Context, last relay.Claimed) int {
 	case <-ctx.Done():
 		return 0
 	case <-t.wake:
-		// Commits come in streams: a moment's wait lets the next few join
-		// this claim instead of each costing one. Their notifications
-		// coalesce meanwhile. A notification long after the one before
-		// is a lone commit, claimed at once (relay.WakeQuiet).
 		now := time.Now()
 		lone := now.Sub(t.woken) >= relay.WakeQuiet
 		t.woken = now
 		if lone {
 			return relay.Unknown
 		}
-		poll.Reset(relay.WakeLinger)
-		select {
-		case <-ctx.Done():
-			return 0
-		case <-poll.C:
-		}
+		return linger(ctx)
 	case <-poll.C:
 	}
 	return relay.Unknown
+}
+
+// linger waits relay.WakeLinger for more commits to join the claim.
+func linger(ctx context.Context) int {
+	t := time.NewTimer(relay.WakeLinger)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return 0
+	case <-t.C:
+		return relay.Unknown
+	}
 }
 
 // Claim claims up to n due rows (store.ClaimDue).

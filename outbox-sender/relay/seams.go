@@ -63,12 +63,14 @@ const (
 	// the latency of every row it waits for, so it is short: 10ms put p50
 	// at 200 students/s at 23 ms, 2ms at 11 ms (make bench).
 	WakeLinger = 2 * time.Millisecond
-	// WakeQuiet is how long after the wake-up before a notification finds
-	// the stream quiet: nothing is likely right behind its commit, so the
-	// claim goes at once instead of lingering. At 200 students/s
-	// notifications come 5 ms apart, each the only row its claim would
-	// get; lingering for company cost each of them WakeLinger and the
-	// sender one more wake-up.
+	// WakeQuiet is how far a notification must follow the one before for
+	// the stream to count as quiet: nothing is likely right behind its
+	// commit, so the claim goes at once instead of lingering. At 200
+	// students/s, sent evenly, notifications come 5 ms apart, each the
+	// only row its claim would get; lingering for company cost each of
+	// them WakeLinger and the sender an idle gap and a wake-up. Twice
+	// WakeLinger, so that a stream whose notifications come a little
+	// slower than the linger still shares claims.
 	WakeQuiet = 2 * WakeLinger
 	// BusyLinger is how long a busy claim waits for a batch's worth of
 	// rows or capacity before it claims with what it has. Under a backlog,
