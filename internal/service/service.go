@@ -16,6 +16,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -278,16 +279,23 @@ func healthcheck(ctx context.Context, addr string, stdout io.Writer) error {
 // every hand-off between goroutines, and finds none. make bench measured
 // one against the default of one per core (two here): the three services'
 // sleeps per student at 200/s fell by a third to a half, the whole
-// system's CPU per student by a tenth, and the burndown ran 6% slower,
-// its sender then working on one core (docs/performance.md).
+// system's CPU per student by a tenth, and the peak intake and burndown
+// by 4-6% (docs/performance.md).
 const DefaultProcs = 1
 
 // SetProcs gives the process DefaultProcs, unless GOMAXPROCS is set: the
-// Go runtime has applied that already. main calls it, not Run, since it is
-// the whole process's setting, and tests that call Run in their own
-// process keep theirs.
-func SetProcs(getenv func(string) string) {
-	if getenv("GOMAXPROCS") == "" {
+// Go runtime has applied that already. A value the runtime would ignore
+// (not a whole number above zero) is an error, not a silent fall back to
+// every core. main calls it, not Run, since it is the whole process's
+// setting, and tests that call Run in their own process keep theirs.
+func SetProcs(getenv func(string) string) error {
+	v := getenv("GOMAXPROCS")
+	if v == "" {
 		runtime.GOMAXPROCS(DefaultProcs)
+		return nil
 	}
+	if n, err := strconv.Atoi(v); err != nil || n < 1 {
+		return fmt.Errorf("GOMAXPROCS=%q: want a whole number of cores, 1 or more", v)
+	}
+	return nil
 }

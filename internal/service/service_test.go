@@ -56,19 +56,29 @@ func TestBinaryBoundsItsDatabase(t *testing.T) {
 
 // TestSetProcs: without GOMAXPROCS the process runs Go code on
 // DefaultProcs cores; with it, SetProcs leaves what the runtime read from
-// it. Not parallel: GOMAXPROCS is the whole test process's, and is put
-// back afterwards.
+// it, and a value the runtime would ignore is an error naming it. Not
+// parallel: GOMAXPROCS is the whole test process's, and is put back
+// afterwards.
 func TestSetProcs(t *testing.T) { //nolint:paralleltest // changes the process's GOMAXPROCS
 	before := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+	env := func(v string) func(string) string {
+		return func(name string) string {
+			require.Equal(t, "GOMAXPROCS", name)
+			return v
+		}
+	}
 
 	runtime.GOMAXPROCS(3)
-	SetProcs(func(name string) string {
-		require.Equal(t, "GOMAXPROCS", name)
-		return "3"
-	})
+	require.NoError(t, SetProcs(env("3")))
 	require.Equal(t, 3, runtime.GOMAXPROCS(0), "GOMAXPROCS set: left as the runtime applied it")
 
-	SetProcs(func(string) string { return "" })
+	for _, bad := range []string{"0", "-1", "two", "1.5"} {
+		err := SetProcs(env(bad))
+		require.ErrorContains(t, err, "GOMAXPROCS=\""+bad+"\"")
+		require.Equal(t, 3, runtime.GOMAXPROCS(0), "a bad value changes nothing")
+	}
+
+	require.NoError(t, SetProcs(env("")))
 	require.Equal(t, DefaultProcs, runtime.GOMAXPROCS(0))
 }

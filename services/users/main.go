@@ -15,10 +15,13 @@ import (
 )
 
 func main() {
-	service.SetProcs(os.Getenv) // one core unless GOMAXPROCS says otherwise
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := usersvc.Run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	err := service.SetProcs(os.Getenv) // one core unless GOMAXPROCS says otherwise
+	if err == nil {
+		err = usersvc.Run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "users:", err)
 		os.Exit(1)
 	}
