@@ -146,10 +146,11 @@ func cdcSlotDropped(s *scenario) {
 // 17. Two cdc senders and a polling sender on one outbox, under load with
 // answers taking 250ms. One cdc sender streams; the other stands by, and
 // must take the slot over each time the streaming one is SIGKILLed (four
-// times, each restarted to stand by in turn). The polling sender claims
-// new rows as they commit, racing the stream for each: the claims (SKIP
-// LOCKED, leases) give every row to one of them, and whatever a dead
-// sender held is redelivered and absorbed by Users' inbox.
+// times, each restarted to stand by in turn). The polling sender, one
+// delivery at a time, claims new rows as they commit whenever it is free,
+// racing the stream for them: the claims (SKIP LOCKED, leases) give every
+// row to one of them, and whatever a dead sender held is redelivered and
+// absorbed by Users' inbox.
 func cdcMixedSenders(s *scenario) {
 	cdcA, cdcB := s.newSenderOf(sourceCDC), s.newSenderOf(sourceCDC)
 	poll := s.newSenderOf(sourcePoll)
@@ -159,7 +160,13 @@ func cdcMixedSenders(s *scenario) {
 	if !s.waitLog(cdcB, logStandby, 10*time.Second) {
 		s.violate("the second cdc sender did not stand by within 10s: %q is not in its log", logStandby)
 	}
-	s.startProc(poll)
+	// One delivery at a time. A polling sender claims a notified row
+	// within a millisecond of its commit, the stream some milliseconds
+	// later: with its full capacity the poll took every row, and the race
+	// was never run. Busy with one answer (250 ms here) most of the time,
+	// it leaves most rows to the stream, and each time it comes free it
+	// races the stream for the newest.
+	s.startProc(poll, "SENDER_CONCURRENCY=1", "SENDER_BATCH_SIZE=1")
 	l := s.startLoad(450, 12*time.Second)
 	cdc := []*proc{cdcA, cdcB}
 	takeovers, bothRead := 0, 0
