@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -138,29 +137,13 @@ func TestSleepsCounted(t *testing.T) {
 	}()
 	<-slept
 	defer close(release)
-	first := firstThreadSleeps(t)
+	first, err := statusValue("/proc/self/status", "voluntary_ctxt_switches")
+	require.NoError(t, err)
 	all, err := sleeps(os.Getpid())
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, all-first, int64(100))
 	_, err = sleeps(-1)
 	require.Error(t, err)
-}
-
-// firstThreadSleeps is voluntary_ctxt_switches of /proc/self/status: the
-// process's first thread's alone.
-func firstThreadSleeps(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
-	require.NoError(t, err)
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			require.NoError(t, err)
-			return n
-		}
-	}
-	t.Fatal("no voluntary_ctxt_switches in /proc/self/status")
-	return 0
 }
 
 // TestNamedBackends: a backend a service names is split apart from the
@@ -183,4 +166,21 @@ func TestNamedBackends(t *testing.T) {
 	split := serverSplit(4*time.Second, named(map[int]serverProc{}, nil), got)
 	require.Equal(t, 2*time.Second, split["outbox_sender (outbox-sender listener)"])
 	require.Equal(t, time.Second, split["outbox_sender"])
+}
+
+// TestRunLinesByRole: a run's split of PostgreSQL's CPU and its sleeps
+// name the roles largest first, by name among equals, and leave out
+// those below the line's precision.
+func TestRunLinesByRole(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	r := latencyResult{
+		serverPerStudent:       map[string]time.Duration{"users_app": 300 * time.Microsecond, "outbox_sender": 700 * time.Microsecond, "walwriter": 5 * time.Microsecond, "student_app": 300 * time.Microsecond},
+		sleepsPerStudent:       map[string]float64{studentBin: 7.3, usersBin: 10.9, postgresName: 13.2},
+		serverSleepsPerStudent: map[string]float64{"users_app": 4.2, "outbox_sender": 4.2, "student_app": 3.6, "walwriter": 0.01},
+	}
+	require.Equal(t, "PostgreSQL's ms per student by process: outbox_sender 0.70, student_app 0.30, users_app 0.30", r.serverSplit())
+	require.Equal(t, "sleeps per student (each ends in a wake-up): Student 7.3, Users 10.9, sender -, PostgreSQL 13.2 (outbox_sender 4.2, users_app 4.2, student_app 3.6)", r.sleeps())
+	require.Equal(t, []string{"b", "a", "c"}, largestFirst(map[string]time.Duration{"a": ms, "b": 2 * ms, "c": ms, "d": 0}, time.Microsecond))
+	require.Empty(t, latencyResult{}.sleeps())
 }

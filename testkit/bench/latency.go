@@ -137,15 +137,19 @@ func (r latencyResult) serverSplit() string {
 	if len(r.serverPerStudent) == 0 {
 		return ""
 	}
-	roles := slices.Collect(maps.Keys(r.serverPerStudent))
-	slices.SortFunc(roles, func(a, b string) int { return cmp.Compare(r.serverPerStudent[b], r.serverPerStudent[a]) })
-	parts := make([]string, 0, len(roles))
-	for _, role := range roles {
-		if d := r.serverPerStudent[role]; d >= 10*time.Microsecond {
-			parts = append(parts, fmt.Sprintf("%s %.2f", role, msFloat(d)))
-		}
+	var parts []string
+	for _, role := range largestFirst(r.serverPerStudent, 10*time.Microsecond) {
+		parts = append(parts, fmt.Sprintf("%s %.2f", role, msFloat(r.serverPerStudent[role])))
 	}
 	return "PostgreSQL's ms per student by process: " + strings.Join(parts, ", ")
+}
+
+// largestFirst is m's keys whose values are at least least, largest value
+// first (by name among equals).
+func largestFirst[V cmp.Ordered](m map[string]V, least V) []string {
+	keys := slices.DeleteFunc(slices.Collect(maps.Keys(m)), func(k string) bool { return m[k] < least })
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(m[b], m[a]), cmp.Compare(a, b)) })
+	return keys
 }
 
 // sleeps is the run's line of wake-ups: how often each process went to
@@ -166,15 +170,9 @@ func (r latencyResult) sleeps() string {
 		line += ", broker " + of(natsdBin)
 	}
 	if pg, ok := r.sleepsPerStudent[postgresName]; ok {
-		roles := slices.Collect(maps.Keys(r.serverSleepsPerStudent))
-		slices.SortFunc(roles, func(a, b string) int {
-			return cmp.Or(cmp.Compare(r.serverSleepsPerStudent[b], r.serverSleepsPerStudent[a]), cmp.Compare(a, b))
-		})
-		parts := make([]string, 0, len(roles))
-		for _, role := range roles {
-			if v := r.serverSleepsPerStudent[role]; v >= 0.05 {
-				parts = append(parts, fmt.Sprintf("%s %.1f", role, v))
-			}
+		var parts []string
+		for _, role := range largestFirst(r.serverSleepsPerStudent, 0.05) {
+			parts = append(parts, fmt.Sprintf("%s %.1f", role, r.serverSleepsPerStudent[role]))
 		}
 		line += fmt.Sprintf(", PostgreSQL %.1f", pg)
 		if len(parts) > 0 {

@@ -219,11 +219,10 @@ func cpuTime(pid int) (time.Duration, error) {
 // sleeps is how many times the process's threads have gone to sleep
 // waiting for something (a socket, a lock, a timer, the disk): the sum of
 // voluntary_ctxt_switches over /proc/PID/task/*/status. Each sleep ends in
-// a wake-up, and on a virtual machine every wake-up pays the hypervisor,
-// so the count is the wake-ups a process costs, read as a count: the same
-// on a busy hour and a quiet one, where CPU time is not. Threads that have
-// exited take their counts with them; the services' threads live as long
-// as they do.
+// a wake-up, which the profiles show to be where the CPU goes, and a count
+// does not depend on how fast the shared machine runs that hour, as CPU
+// time does. Threads that have exited take their counts with them; the
+// services' threads live as long as they do.
 func sleeps(pid int) (int64, error) {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
@@ -231,29 +230,27 @@ func sleeps(pid int) (int64, error) {
 	}
 	var n int64
 	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		c, err := statusValue(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()), "voluntary_ctxt_switches")
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 			continue // the thread exited meanwhile
 		}
 		if err != nil {
 			return 0, fmt.Errorf("sleeps: %w", err)
 		}
-		for line := range strings.SplitSeq(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
-				c, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				if err != nil {
-					return 0, fmt.Errorf("sleeps: /proc/%d/task/%s/status: %w", pid, t.Name(), err)
-				}
-				n += c
-			}
-		}
+		n += c
 	}
 	return n, nil
 }
 
 // procStatusKB reads a "Vm…: N kB" line of /proc/PID/status.
 func procStatusKB(pid int, field string) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	return statusValue(fmt.Sprintf("/proc/%d/status", pid), field)
+}
+
+// statusValue reads the number on a "FIELD: N" line (or "FIELD: N kB") of
+// a status file of /proc.
+func statusValue(path, field string) (int64, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", field, err)
 	}
@@ -261,12 +258,12 @@ func procStatusKB(pid int, field string) (int64, error) {
 		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("%s: %w", field, err)
+				return 0, fmt.Errorf("%s: %s: %w", path, field, err)
 			}
 			return n, nil
 		}
 	}
-	return 0, fmt.Errorf("%s: not in /proc/%d/status", field, pid)
+	return 0, fmt.Errorf("%s: not in %s", field, path)
 }
 
 // statFields are the fields of /proc/PID/stat from field 3 (the state) on:
