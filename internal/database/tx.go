@@ -463,6 +463,27 @@ func QueryAfter(ctx context.Context, s BatchSender, before []*pgx.QueuedQuery, s
 	return &batchRows{Rows: rows, br: br}, nil
 }
 
+// ExecAll sends qs in one batch, and so in one round trip: without BEGIN
+// among them, one implicit transaction that commits as the batch ends, or
+// that a failed statement rolls back whole, with nothing after it run.
+// failed is the index in qs of the statement that failed, or -1 when none
+// did (err is then the commit's, or nil). qs may not have callbacks: the
+// caller learns what failed from failed, not from a callback that cannot
+// stop the server.
+func ExecAll(ctx context.Context, s BatchSender, qs []*pgx.QueuedQuery) (failed int, err error) {
+	if hasCallback(qs) {
+		return -1, errors.New("database: ExecAll's statements cannot have callbacks")
+	}
+	br := s.SendBatch(ctx, &pgx.Batch{QueuedQueries: qs})
+	for i := range qs {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close() // the same error, or nothing more
+			return i, err
+		}
+	}
+	return -1, br.Close()
+}
+
 // batchRows are the rows of a batch's last query. They close the batch,
 // which ends an implicit transaction and frees the connection, as soon as
 // the last row is read: the end's outcome then shows in Err, which callers

@@ -462,3 +462,48 @@ func TestCommitRefusesWhatCannotCommit(t *testing.T) {
 	tx.End(ctx)
 	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM t"))
 }
+
+// TestExecAll: the statements go out in one round trip and commit together
+// as the batch ends; a failure names the statement that failed, rolls back
+// what came before it and runs nothing after it; the connection is idle
+// again either way, with no ROLLBACK to send.
+func TestExecAll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, trips, admin := txPool(t)
+	_, err := admin.Exec(ctx, "INSERT INTO t VALUES (7, 'taken')")
+	require.NoError(t, err)
+	statements := func(ids ...int) []*pgx.QueuedQuery {
+		b := &pgx.Batch{}
+		b.Queue("SELECT set_config('lock_timeout', '1500ms', true)")
+		for _, id := range ids {
+			b.Queue("INSERT INTO t (id, note) VALUES ($1, 'new')", id)
+		}
+		return b.QueuedQueries
+	}
+	trips.Take()
+
+	failed, err := ExecAll(ctx, pool, statements(1, 2))
+	require.NoError(t, err)
+	require.Equal(t, -1, failed)
+	require.Len(t, trips.Take(), 1, "one round trip")
+	require.Equal(t, 2, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE note = 'new'"))
+
+	failed, err = ExecAll(ctx, pool, statements(3, 7, 4))
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "23505", pgErr.Code)
+	require.Equal(t, 2, failed, "the second insert, after the setting and the first")
+	require.Len(t, trips.Take(), 1, "no ROLLBACK: the batch's end rolled it back")
+	require.Equal(t, 0, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id IN (3, 4)"), "nothing of the failed batch stays")
+
+	var timeout string
+	require.NoError(t, pool.QueryRow(ctx, "SHOW lock_timeout").Scan(&timeout))
+	require.Equal(t, "0", timeout, "the setting was the batch's transaction's alone")
+
+	withCallback := statements(5)
+	withCallback[1].Exec(func(pgconn.CommandTag) error { return nil })
+	_, err = ExecAll(ctx, pool, withCallback)
+	require.Error(t, err)
+	require.Equal(t, 0, apitest.Count(t, admin, "SELECT count(*) FROM t WHERE id = 5"), "refused before sending")
+}

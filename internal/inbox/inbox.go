@@ -41,6 +41,9 @@ var (
 	// by a different, conflicting request (the same document number under
 	// another key, say). Nothing is stored; retry later.
 	ErrConflictInProgress = errors.New("inbox: a conflicting request is still in progress")
+	// ErrKeyUsed: DoKnown found its key already stored, and ran nothing.
+	// Do replays the stored answer (or names the fields that differ).
+	ErrKeyUsed = errors.New("inbox: the key is already used")
 )
 
 // MismatchError is a key reused with a request whose fields differ from the
@@ -184,6 +187,49 @@ func (ib *Inbox) Do(ctx context.Context, key Key, req Request, op Op) (out Outco
 	return out, replayed && err == nil, err
 }
 
+// DoKnown is Do's one-round-trip form, for an operation whose answer is
+// known before it runs and whose key is expected to be new, as nearly
+// every key is: the key with out, its answer, and effect's statements go
+// out in one batch, one implicit transaction, with nothing to wait for
+// between them. effect's statements run only after the key's insert
+// succeeded, for the server runs nothing after a statement that failed.
+//
+// A key already stored (or claimed by a transaction that commits while
+// this one waits for it) is ErrKeyUsed, and nothing ran: Do then replays
+// the key's answer. A failure of one of effect's statements rolls back
+// the key too and is returned as it came (with ErrConflictInProgress for
+// a lock wait that timed out), for the caller to decide what that
+// failure's answer is, in Do. A wait for the key past LockTimeout is
+// ErrKeyInProgress, as in Do. effect's statements may not have callbacks
+// or read rows: nothing is read back before the commit.
+func (ib *Inbox) DoKnown(ctx context.Context, key Key, req Request, out Outcome, effect []*pgx.QueuedQuery) (err error) {
+	ctx, span := startSpan(ctx, key)
+	defer func() { endKnownSpan(span, out, err) }()
+	ctx, cancel := database.WithDeadline(ctx, ib.Timeout)
+	defer cancel()
+	first := &database.Later{}
+	first.Queue(setLockTimeout, strconv.FormatInt(ib.LockTimeout.Milliseconds(), 10)+"ms")
+	_ = ib.q.StoreKeyAnswered(ctx, first, inboxdb.StoreKeyAnsweredParams{ // queued: its error comes from ExecAll
+		Caller: key.Caller, IdempotencyKey: key.Value, RequestHash: req.Fingerprint(), Request: req.canonical(),
+		StatusCode:   pgtype.Int4{Int32: int32(out.Status), Valid: true}, //nolint:gosec // an HTTP status, three digits
+		ResponseBody: pgtype.Text{String: string(out.Body), Valid: true},
+		ResourceID:   uuid.NullUUID{UUID: out.ResourceID, Valid: out.ResourceID != uuid.Nil},
+	})
+	const keyAt = 1 // the key's insert, after the lock timeout
+	failed, err := database.ExecAll(ctx, ib.pool, append(first.QueuedQueries, effect...))
+	switch {
+	case err == nil:
+		return nil
+	case failed == keyAt && isLockTimeout(err):
+		return ErrKeyInProgress
+	case failed == keyAt && isUniqueViolation(err):
+		return ErrKeyUsed
+	case failed > keyAt && isLockTimeout(err):
+		return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
+	}
+	return database.Classify(fmt.Errorf("store key with its answer: %w", err))
+}
+
 // Once runs op in a transaction without a key: each call is a new
 // operation. Lock waits are bounded as in Do. BEGIN and the lock timeout
 // go out with op's first statement, and COMMIT on its own: an operation of
@@ -286,6 +332,11 @@ func (ib *Inbox) claim(ctx context.Context, tx *database.Tx, claim *inboxdb.Clai
 		return false, fmt.Errorf("begin and claim key: %w", err)
 	}
 	return claimed, nil
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" // unique_violation
 }
 
 func isLockTimeout(err error) bool {

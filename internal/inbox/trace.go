@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -33,4 +34,15 @@ func endSpan(span trace.Span, out Outcome, replayed bool, err error) {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
+}
+
+// endKnownSpan ends DoKnown's span. A key already used is not an error of
+// the span's: the operation goes on to replay it.
+func endKnownSpan(span trace.Span, out Outcome, err error) {
+	if errors.Is(err, ErrKeyUsed) {
+		span.SetAttributes(attribute.Bool("replayed", false), attribute.String("outcome", "key_used"))
+		span.End()
+		return
+	}
+	endSpan(span, out, false, err)
 }

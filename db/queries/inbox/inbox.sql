@@ -13,6 +13,15 @@ INSERT INTO inbox (caller, idempotency_key, request_hash, request)
 VALUES (@caller, @idempotency_key, @request_hash, @request)
 ON CONFLICT (caller, idempotency_key) DO NOTHING;
 
+-- name: StoreKeyAnswered :exec
+-- The key with its answer, for an operation whose answer is known before
+-- it runs (Inbox.DoKnown). No ON CONFLICT: a key already stored fails the
+-- statement, and with it the transaction, so the operation's statements
+-- queued after it never run. A concurrent transaction holding the same key
+-- makes this one wait, as ClaimKey does, then fail if that one committed.
+INSERT INTO inbox (caller, idempotency_key, request_hash, request, status_code, response_body, resource_id)
+VALUES (@caller, @idempotency_key, @request_hash, @request, @status_code, @response_body, @resource_id);
+
 -- name: GetKey :one
 SELECT idempotency_key, request_hash, request, status_code, response_body, resource_id, replays, created_at, caller
 FROM inbox

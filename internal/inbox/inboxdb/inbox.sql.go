@@ -141,3 +141,36 @@ func (q *Queries) SaveOutcome(ctx context.Context, db DBTX, arg SaveOutcomeParam
 	)
 	return err
 }
+
+const StoreKeyAnswered = `-- name: StoreKeyAnswered :exec
+INSERT INTO inbox (caller, idempotency_key, request_hash, request, status_code, response_body, resource_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+`
+
+type StoreKeyAnsweredParams struct {
+	Caller         string
+	IdempotencyKey string
+	RequestHash    []byte
+	Request        []byte
+	StatusCode     pgtype.Int4
+	ResponseBody   pgtype.Text
+	ResourceID     uuid.NullUUID
+}
+
+// The key with its answer, for an operation whose answer is known before
+// it runs (Inbox.DoKnown). No ON CONFLICT: a key already stored fails the
+// statement, and with it the transaction, so the operation's statements
+// queued after it never run. A concurrent transaction holding the same key
+// makes this one wait, as ClaimKey does, then fail if that one committed.
+func (q *Queries) StoreKeyAnswered(ctx context.Context, db DBTX, arg StoreKeyAnsweredParams) error {
+	_, err := db.Exec(ctx, StoreKeyAnswered,
+		arg.Caller,
+		arg.IdempotencyKey,
+		arg.RequestHash,
+		arg.Request,
+		arg.StatusCode,
+		arg.ResponseBody,
+		arg.ResourceID,
+	)
+	return err
+}

@@ -20,13 +20,12 @@ import (
 // TestRoundTrips counts what a delivery sends to the database: each Exec,
 // Query, QueryRow and batch is one round trip, and a request waits for every
 // one of them, so a statement added to the path shows here. A first
-// delivery: BEGIN with its lock timeout and the key's claim (one batch),
-// then the user, the stored outcome and COMMIT (one batch). A replay reads
-// the stored answer and counts the replay with COMMIT instead. A document
-// number already taken fails the first try's insert (the server skips the
-// rest of that batch, COMMIT included, and the ROLLBACK is one more), and a
-// second transaction stores the refusal: the claim, the insert, the
-// outcome with COMMIT.
+// delivery sends one batch: the lock timeout, the key with its answer and
+// the user, one implicit transaction. A replay's first try fails on the key
+// (one), and the inbox's transaction then reads the stored answer and
+// counts the replay with COMMIT (three). A document number already taken
+// fails the first try's insert (one), and a second transaction stores the
+// refusal: the claim, the insert, the outcome with COMMIT (three).
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -52,10 +51,10 @@ func TestRoundTrips(t *testing.T) {
 		return trips.Take()
 	}
 
-	require.Len(t, deliver("k1", "111-1"), 2, "first delivery")
-	require.Len(t, deliver("k1", "111-1"), 3, "replay")
-	require.Len(t, deliver("k2", "111-1"), 3+3, "first delivery, document number taken")
-	require.Len(t, deliver("k2", "111-1"), 3, "replay of the refusal")
+	require.Len(t, deliver("k1", "111-1"), 1, "first delivery")
+	require.Len(t, deliver("k1", "111-1"), 1+3, "replay")
+	require.Len(t, deliver("k2", "111-1"), 1+3, "first delivery, document number taken")
+	require.Len(t, deliver("k2", "111-1"), 1+3, "replay of the refusal")
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM users"), "the failed first try left no user")
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM inbox WHERE idempotency_key = 'k2' AND status_code = 409 AND resource_id IS NULL"))
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM inbox i JOIN users u ON u.id = i.resource_id WHERE i.idempotency_key = 'k1' AND i.status_code = 201"),
@@ -63,7 +62,7 @@ func TestRoundTrips(t *testing.T) {
 }
 
 // TestRoundTripsReplying: a command from the broker costs what a delivery
-// over HTTP does, its answer row riding with COMMIT; a replay writes the
+// over HTTP does, its answer row riding in the same batch; a replay writes the
 // answer row alone afterwards (one more), which adds no row when the first
 // delivery wrote it.
 func TestRoundTripsReplying(t *testing.T) {
@@ -94,10 +93,10 @@ func TestRoundTripsReplying(t *testing.T) {
 	}
 	replayed, sent := deliver()
 	require.False(t, replayed)
-	require.Len(t, sent, 2, "first delivery")
+	require.Len(t, sent, 1, "first delivery")
 	replayed, sent = deliver()
 	require.True(t, replayed)
-	require.Len(t, sent, 4, "replay, then the answer row alone")
+	require.Len(t, sent, 1+3+1, "the first try, the replay, then the answer row alone")
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM answers WHERE published_at IS NULL"))
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM users"))
 

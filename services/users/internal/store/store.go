@@ -77,20 +77,55 @@ func (s *Store) CreateUser(ctx context.Context, key inbox.Key, p person.Person, 
 }
 
 // create runs the create-user operation under key, first expecting the
-// document number to be free, as it nearly always is. Then the answer is
-// known before the insert runs (the new user's id is made here), so the
-// insert, the stored answer and COMMIT go out together: two round trips
-// with the key's claim, not three. If the number is taken after all, the
-// insert fails and nothing of that transaction stays, the key's claim
-// included; a second transaction claims the key again and stores the
-// refusal, as an operation whose answer depends on its statement's must:
-// four round trips more (the first try's ROLLBACK, then three), for the
-// rare request the business rule refuses. Between the two the key is free:
-// a repeat of it that commits there is replayed by the second, and one with
-// other fields takes the key, so this request gets the mismatch although it
-// came first (as it would had it come second). reply (nil for none) is the
-// answer row for a broker command, written in the same transaction.
+// key to be new and the document number free, as they nearly always are.
+// Then the answer is known before anything runs (the new user's id is made
+// here), and the key with its answer, the user and COMMIT go out together:
+// one round trip (Inbox.DoKnown). Otherwise that first try changes
+// nothing, and the operation goes on in the inbox's own transactions
+// (Do): a key already used is replayed, and a document number taken is
+// refused, with that refusal stored under the key. reply (nil for none) is
+// the answer row for a broker command, written in the same transaction.
 func (s *Store) create(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, bool, error) {
+	if crashpoint.Pausing(crashpoint.UsersInInboxTx) {
+		// The fault suite holds Users inside the transaction, after the
+		// key's claim: the steps go apart so that there is such a moment.
+		return s.createInSteps(ctx, key, p, answer, reply)
+	}
+	id := uuid.Must(uuid.NewV7())
+	out, err := answer(id, nil)
+	if err != nil {
+		return inbox.Outcome{}, false, err
+	}
+	effect := &database.Later{}
+	_ = s.q.InsertNewUser(ctx, effect, usersdb.InsertNewUserParams{ // queued: its error comes from DoKnown
+		ID: id, Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
+	})
+	if reply != nil {
+		row, err := answerRow(*reply, out)
+		if err != nil {
+			return inbox.Outcome{}, false, err
+		}
+		_ = s.q.InsertAnswer(ctx, effect, row) // queued, as the user
+	}
+	switch err := s.Inbox.DoKnown(ctx, key, p.Fields(), out, effect.QueuedQueries); {
+	case err == nil:
+		return out, false, nil
+	case documentTaken(err):
+		return s.refuse(ctx, key, p, answer, reply)
+	case !errors.Is(err, inbox.ErrKeyUsed):
+		return inbox.Outcome{}, false, err
+	}
+	return s.createInSteps(ctx, key, p, answer, reply)
+}
+
+// createInSteps runs the create-user operation in the inbox's transaction:
+// the key's claim first, then, if the key was new, the user, the stored
+// answer and COMMIT together (two round trips), or else the stored answer
+// replayed. It is what create falls back on when the key is already used.
+// If the document number is taken, the insert fails and nothing of that
+// transaction stays, the key's claim included, and refuse stores the
+// refusal in a transaction of its own.
+func (s *Store) createInSteps(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, bool, error) {
 	out, replayed, err := s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
 		crashpoint.Pause(crashpoint.UsersInInboxTx)
 		id := uuid.Must(uuid.NewV7())
@@ -110,6 +145,18 @@ func (s *Store) create(ctx context.Context, key inbox.Key, p person.Person, answ
 	if !documentTaken(err) {
 		return out, replayed, err
 	}
+	return s.refuse(ctx, key, p, answer, reply)
+}
+
+// refuse runs the create-user operation for a document number that a
+// first try found taken, in a transaction whose statements wait for their
+// answers: the key's claim, the insert that the business rule refuses (or,
+// if the number came free meanwhile, the user), and the answer stored with
+// COMMIT. Between the first try and this one the key is free: a repeat of
+// it that commits there is replayed here, and one with other fields takes
+// the key, so this request gets the mismatch although it came first (as it
+// would had it come second).
+func (s *Store) refuse(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, bool, error) {
 	return s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
 		u, err := s.insertUser(ctx, tx, p)
 		if err != nil && !errors.Is(err, ErrDocumentTaken) {
