@@ -36,7 +36,8 @@ const (
 	SenderBeforeClaim = "sender-before-claim"
 	// UsersInInboxTx: inside Users' inbox transaction, after the key is
 	// claimed, before the user, the answer and COMMIT go out together. It
-	// holds the key's row lock.
+	// holds the key's row lock. (Users otherwise sends the key, its answer
+	// and the user in one batch, with no moment between; see Pausing.)
 	UsersInInboxTx = "users-in-inbox-tx"
 )
 
