@@ -467,9 +467,10 @@ func QueryAfter(ctx context.Context, s BatchSender, before []*pgx.QueuedQuery, s
 // among them, one implicit transaction that commits as the batch ends, or
 // that a failed statement rolls back whole, with nothing after it run.
 // failed is the index in qs of the statement that failed, or -1 when none
-// did (err is then the commit's, or nil). qs may not have callbacks: the
-// caller learns what failed from failed, not from a callback that cannot
-// stop the server.
+// did (err is then the commit's, a refusal to send, or nil). s must not be
+// a connection inside a transaction, or nothing commits as the batch ends.
+// qs may not have callbacks: the caller learns what failed from failed,
+// not from a callback that cannot stop the server.
 func ExecAll(ctx context.Context, s BatchSender, qs []*pgx.QueuedQuery) (failed int, err error) {
 	if hasCallback(qs) {
 		return -1, errors.New("database: ExecAll's statements cannot have callbacks")

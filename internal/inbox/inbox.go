@@ -222,10 +222,13 @@ func (ib *Inbox) DoKnown(ctx context.Context, key Key, req Request, out Outcome,
 		return nil
 	case failed == keyAt && isLockTimeout(err):
 		return ErrKeyInProgress
-	case failed == keyAt && isUniqueViolation(err):
+	case failed == keyAt && keyTaken(err):
 		return ErrKeyUsed
 	case failed > keyAt && isLockTimeout(err):
 		return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
+	}
+	if failed > keyAt {
+		return database.Classify(fmt.Errorf("run the operation's statements: %w", err))
 	}
 	return database.Classify(fmt.Errorf("store key with its answer: %w", err))
 }
@@ -334,9 +337,10 @@ func (ib *Inbox) claim(ctx context.Context, tx *database.Tx, claim *inboxdb.Clai
 	return claimed, nil
 }
 
-func isUniqueViolation(err error) bool {
+// keyTaken: err is the key's insert failing on the inbox's primary key.
+func keyTaken(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" // unique_violation
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "inbox_pkey"
 }
 
 func isLockTimeout(err error) bool {

@@ -11,9 +11,9 @@ import (
 	"github.com/outboxref/outboxref/internal/telemetry"
 )
 
-// startSpan starts the span of Do's transaction, a child of the request's
-// span: in a delivery's trace it shows whether Users ran the operation or
-// replayed its stored answer. The inbox knows no operation names, only
+// startSpan starts the span of Do's or DoKnown's transaction, a child of
+// the request's span: in a delivery's trace it shows whether Users ran the
+// operation or replayed its stored answer. The inbox knows no operation names, only
 // keys, so every inbox span has the same name.
 func startSpan(ctx context.Context, key Key) (context.Context, trace.Span) {
 	return telemetry.Tracer().Start(ctx, "inbox transaction",
@@ -27,7 +27,7 @@ func endSpan(span trace.Span, out Outcome, replayed bool, err error) {
 		outcome = string(r)
 	}
 	span.SetAttributes(attribute.Bool("replayed", replayed), attribute.String("outcome", outcome))
-	if out.Status != 0 {
+	if out.Status != 0 && err == nil { // DoKnown has its answer before it knows whether it stored it
 		span.SetAttributes(attribute.Int("inbox.status", out.Status))
 	}
 	if outcome == "error" {

@@ -9,11 +9,11 @@ RETURNING id, name, email, document_number, enabled, created_at;
 
 -- name: InsertNewUser :exec
 -- The user of CreateUser's first try, which expects the document number to
--- be free: it goes out with the stored answer and COMMIT, before its own
--- answer is known, so it has no ON CONFLICT. When an enabled user already
--- holds the document number it fails (a unique violation of
--- users_one_enabled_per_document), the commit with it, and nothing is
--- written: the store's create then stores the refusal with InsertUser.
+-- be free: it goes out with the key and its stored answer, in one batch,
+-- before its own answer is known, so it has no ON CONFLICT. When an enabled
+-- user already holds the document number it fails (a unique violation of
+-- users_one_enabled_per_document), the transaction with it, and nothing is
+-- written: the store's refuse then stores the refusal with InsertUser.
 INSERT INTO users (id, name, email, document_number)
 VALUES (@id, @name, @email, @document_number);
 

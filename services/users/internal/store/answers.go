@@ -32,7 +32,7 @@ type Reply struct {
 
 // CreateUserReplying is CreateUser for a command from the broker: the
 // answer row joins the user and the inbox's stored answer in the one
-// transaction, in its COMMIT's round trip. A repeat of key (replayed) runs
+// transaction, in the same round trip as the user. A repeat of key (replayed) runs
 // nothing and adds no row in that transaction; it writes the answer row
 // alone afterwards, which adds nothing when the first delivery wrote it
 // (the same MessageID) and answers a key first settled over HTTP.
