@@ -44,11 +44,11 @@ type InsertNewUserParams struct {
 }
 
 // The user of CreateUser's first try, which expects the document number to
-// be free: it goes out with the stored answer and COMMIT, before its own
-// answer is known, so it has no ON CONFLICT. When an enabled user already
-// holds the document number it fails (a unique violation of
-// users_one_enabled_per_document), the commit with it, and nothing is
-// written: the store's create then stores the refusal with InsertUser.
+// be free: it goes out with the key and its stored answer, in one batch,
+// before its own answer is known, so it has no ON CONFLICT. When an enabled
+// user already holds the document number it fails (a unique violation of
+// users_one_enabled_per_document), the transaction with it, and nothing is
+// written: the store's refuse then stores the refusal with InsertUser.
 func (q *Queries) InsertNewUser(ctx context.Context, db DBTX, arg InsertNewUserParams) error {
 	_, err := db.Exec(ctx, insertNewUser,
 		arg.ID,
