@@ -208,7 +208,7 @@ func (ib *Inbox) DoKnown(ctx context.Context, key Key, req Request, out Outcome,
 	ctx, cancel := database.WithDeadline(ctx, ib.Timeout)
 	defer cancel()
 	first := &database.Later{}
-	first.Queue(setLockTimeout, strconv.FormatInt(ib.LockTimeout.Milliseconds(), 10)+"ms")
+	ib.queueLockTimeout(&first.Batch)
 	_ = ib.q.StoreKeyAnswered(ctx, first, inboxdb.StoreKeyAnsweredParams{ // queued: its error comes from ExecAll
 		Caller: key.Caller, IdempotencyKey: key.Value, RequestHash: req.Fingerprint(), Request: req.canonical(),
 		StatusCode:   pgtype.Int4{Int32: int32(out.Status), Valid: true}, //nolint:gosec // an HTTP status, three digits
@@ -227,10 +227,11 @@ func (ib *Inbox) DoKnown(ctx context.Context, key Key, req Request, out Outcome,
 	case failed > keyAt && isLockTimeout(err):
 		return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
 	}
+	what := "store key with its answer"
 	if failed > keyAt {
-		return database.Classify(fmt.Errorf("run the operation's statements: %w", err))
+		what = "run the operation's statements"
 	}
-	return database.Classify(fmt.Errorf("store key with its answer: %w", err))
+	return database.Classify(fmt.Errorf("%s: %w", what, err))
 }
 
 // Once runs op in a transaction without a key: each call is a new
@@ -276,7 +277,7 @@ func (ib *Inbox) tx(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFun
 // connection goes back to the pool.
 func (ib *Inbox) run(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFunc) error {
 	first := &pgx.Batch{}
-	first.Queue(setLockTimeout, strconv.FormatInt(ib.LockTimeout.Milliseconds(), 10)+"ms")
+	ib.queueLockTimeout(first)
 	tx, err := database.Begin(ctx, ib.pool, first)
 	defer tx.End(ctx)
 	if err != nil {
@@ -302,6 +303,12 @@ func (ib *Inbox) run(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFu
 // The value is LockTimeout, from the binary's own configuration, and is
 // bound as a parameter, not written into the SQL.
 const setLockTimeout = "SELECT set_config('lock_timeout', $1, true)"
+
+// queueLockTimeout queues setLockTimeout, to go ahead of a transaction's
+// first statement.
+func (ib *Inbox) queueLockTimeout(b *pgx.Batch) {
+	b.Queue(setLockTimeout, strconv.FormatInt(ib.LockTimeout.Milliseconds(), 10)+"ms")
+}
 
 // claim claims the key, in one round trip with BEGIN and the lock timeout
 // (database.Tx). It is safe because nothing about the protocol changes,

@@ -13,8 +13,8 @@ import (
 
 // startSpan starts the span of Do's or DoKnown's transaction, a child of
 // the request's span: in a delivery's trace it shows whether Users ran the
-// operation or replayed its stored answer. The inbox knows no operation names, only
-// keys, so every inbox span has the same name.
+// operation or replayed its stored answer. The inbox knows no operation
+// names, only keys, so every inbox span has the same name.
 func startSpan(ctx context.Context, key Key) (context.Context, trace.Span) {
 	return telemetry.Tracer().Start(ctx, "inbox transaction",
 		trace.WithAttributes(attribute.String("idempotency_key", key.Value), attribute.String("inbox.caller", key.Caller)))

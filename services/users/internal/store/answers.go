@@ -44,17 +44,17 @@ func (s *Store) CreateUserReplying(ctx context.Context, key inbox.Key, p person.
 	return out, replayed, s.RecordReply(ctx, r, out)
 }
 
-// withCommit has later's statements, and the answer row of reply (nil for
-// none), go out with tx's COMMIT.
-func (s *Store) withCommit(ctx context.Context, tx *database.Tx, later *database.Later, reply *Reply, out inbox.Outcome) error {
-	if reply != nil {
-		row, err := answerRow(*reply, out)
-		if err != nil {
-			return err
-		}
-		_ = s.q.InsertAnswer(ctx, later, row) // queued: its error comes from the commit
+// queueReply queues the answer row of reply (nil for none), which carries
+// out, into later: it is written in the operation's transaction.
+func (s *Store) queueReply(ctx context.Context, later *database.Later, reply *Reply, out inbox.Outcome) error {
+	if reply == nil {
+		return nil
 	}
-	tx.WithCommit(&later.Batch)
+	row, err := answerRow(*reply, out)
+	if err != nil {
+		return err
+	}
+	_ = s.q.InsertAnswer(ctx, later, row) // queued: its error comes with the batch's
 	return nil
 }
 

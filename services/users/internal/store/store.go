@@ -91,21 +91,9 @@ func (s *Store) create(ctx context.Context, key inbox.Key, p person.Person, answ
 		// key's claim: the steps go apart so that there is such a moment.
 		return s.createInSteps(ctx, key, p, answer, reply)
 	}
-	id := uuid.Must(uuid.NewV7())
-	out, err := answer(id, nil)
+	out, effect, err := s.newUser(ctx, p, answer, reply)
 	if err != nil {
 		return inbox.Outcome{}, false, err
-	}
-	effect := &database.Later{}
-	_ = s.q.InsertNewUser(ctx, effect, usersdb.InsertNewUserParams{ // queued: its error comes from DoKnown
-		ID: id, Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
-	})
-	if reply != nil {
-		row, err := answerRow(*reply, out)
-		if err != nil {
-			return inbox.Outcome{}, false, err
-		}
-		_ = s.q.InsertAnswer(ctx, effect, row) // queued, as the user
 	}
 	switch err := s.Inbox.DoKnown(ctx, key, p.Fields(), out, effect.QueuedQueries); {
 	case err == nil:
@@ -128,18 +116,11 @@ func (s *Store) create(ctx context.Context, key inbox.Key, p person.Person, answ
 func (s *Store) createInSteps(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, bool, error) {
 	out, replayed, err := s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
 		crashpoint.Pause(crashpoint.UsersInInboxTx)
-		id := uuid.Must(uuid.NewV7())
-		out, err := answer(id, nil)
+		out, later, err := s.newUser(ctx, p, answer, reply)
 		if err != nil {
 			return inbox.Outcome{}, err
 		}
-		later := &database.Later{}
-		_ = s.q.InsertNewUser(ctx, later, usersdb.InsertNewUserParams{ // queued: its error comes from the commit
-			ID: id, Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
-		})
-		if err := s.withCommit(ctx, tx, later, reply, out); err != nil {
-			return inbox.Outcome{}, err
-		}
+		tx.WithCommit(&later.Batch)
 		return out, nil
 	})
 	if !documentTaken(err) {
@@ -166,11 +147,34 @@ func (s *Store) refuse(ctx context.Context, key inbox.Key, p person.Person, answ
 		if err != nil {
 			return inbox.Outcome{}, err
 		}
-		if err := s.withCommit(ctx, tx, &database.Later{}, reply, out); err != nil {
+		later := &database.Later{}
+		if err := s.queueReply(ctx, later, reply, out); err != nil {
 			return inbox.Outcome{}, err
 		}
+		tx.WithCommit(&later.Batch)
 		return out, nil
 	})
+}
+
+// newUser is a first try's work, which expects the document number free:
+// the new user's id, made here, so that its answer is known before the
+// insert runs, and the statements that write it, queued (the user
+// without ON CONFLICT, and reply's answer row). Their errors come with
+// the batch they go out in.
+func (s *Store) newUser(ctx context.Context, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, *database.Later, error) {
+	id := uuid.Must(uuid.NewV7())
+	out, err := answer(id, nil)
+	if err != nil {
+		return inbox.Outcome{}, nil, err
+	}
+	later := &database.Later{}
+	_ = s.q.InsertNewUser(ctx, later, usersdb.InsertNewUserParams{
+		ID: id, Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
+	})
+	if err := s.queueReply(ctx, later, reply, out); err != nil {
+		return inbox.Outcome{}, nil, err
+	}
+	return out, later, nil
 }
 
 // documentTaken: err is InsertNewUser's refusal by the business rule.
