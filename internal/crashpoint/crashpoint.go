@@ -34,11 +34,11 @@ const (
 	SenderInRecord = "sender-in-record"
 	// SenderBeforeClaim: just before the claim statement is sent.
 	SenderBeforeClaim = "sender-before-claim"
-	// UsersInInboxTx: inside Users' inbox transaction, after the key is
-	// claimed, before the user, the answer and COMMIT go out together. It
-	// holds the key's row lock. (Users otherwise sends the key, its answer
-	// and the user in one batch, with no moment between; see Pausing.)
-	UsersInInboxTx = "users-in-inbox-tx"
+	// UsersBeforeInbox: just before Users sends a create-user's one batch
+	// (the key with its answer, and the user): the batch goes into the
+	// freeze. Users has no moment inside that transaction to pause in:
+	// the server has the whole of it, its end included, at once.
+	UsersBeforeInbox = "users-before-inbox"
 )
 
 // Hit kills the process if name is the crash point CRASH_POINT names and

@@ -35,7 +35,7 @@ var (
 
 func init() {
 	point, nth = parse("CRASH_POINT", UsersAfterCommit, SenderAfterResponse, SenderBeforeConfirm, UsersCommandAfterCommit)
-	pausePoint, pauseNth = parse("PAUSE_POINT", SenderInRecord, SenderBeforeClaim, UsersInInboxTx)
+	pausePoint, pauseNth = parse("PAUSE_POINT", SenderInRecord, SenderBeforeClaim, UsersBeforeInbox)
 	if v := os.Getenv("PAUSE_FOR"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 || d > time.Minute {

@@ -41,9 +41,6 @@ var (
 	// by a different, conflicting request (the same document number under
 	// another key, say). Nothing is stored; retry later.
 	ErrConflictInProgress = errors.New("inbox: a conflicting request is still in progress")
-	// ErrKeyUsed: DoKnown found its key already stored, and ran nothing.
-	// Do replays the stored answer (or names the fields that differ).
-	ErrKeyUsed = errors.New("inbox: the key is already used")
 )
 
 // MismatchError is a key reused with a request whose fields differ from the
@@ -120,11 +117,18 @@ type Outcome struct {
 	ResourceID uuid.UUID // uuid.Nil when nothing was created
 }
 
-// Op performs a request's effect inside the inbox transaction. It returns an
-// Outcome for every answer that must be the same on a repeat (a creation, a
-// business-rule refusal) and an error only for failures a retry may cure,
-// which roll everything back and store nothing.
-type Op func(ctx context.Context, tx *database.Tx) (Outcome, error)
+// Op is an operation to run at most once per key: the answer it gives and
+// the statements that make it so. The answer is known before the
+// statements run (the service makes the new resource's id itself), which
+// is what lets the key be stored with its answer ahead of them, in the
+// same transaction and the same round trip.
+type Op struct {
+	Outcome Outcome
+	// Effect is the operation's statements, nil for none (a refusal
+	// changes nothing but what the key answers). They may not have
+	// callbacks: their errors come back from Do.
+	Effect *pgx.Batch
+}
 
 // Inbox runs operations at most once per key against one database.
 type Inbox struct {
@@ -135,7 +139,7 @@ type Inbox struct {
 	// with the same key (ErrKeyInProgress past it) or a conflicting lock
 	// (ErrConflictInProgress) to be released.
 	LockTimeout time.Duration
-	// Timeout is the deadline of each transaction, and of each batch of a
+	// Timeout is the deadline of each call of Do, and of each batch of a
 	// purge (database.DefaultTimeout when not positive). It must be longer
 	// than LockTimeout, or a wait for a key would end as "database
 	// unavailable" instead of "key in progress".
@@ -147,154 +151,78 @@ func New(pool *pgxpool.Pool) *Inbox {
 	return &Inbox{pool: pool, q: inboxdb.New(), LockTimeout: 5 * time.Second, Timeout: 10 * time.Second}
 }
 
-// Do runs op once for key (in its caller's scope). The first request for a key claims it, runs op
-// and stores the outcome in one transaction. A repeat with the same
-// fingerprint gets the stored outcome back with replayed set and runs
-// nothing. A repeat with a different fingerprint is a *MismatchError naming
-// the fields that differ. A request arriving while another with the same key
-// is still in its transaction waits for that transaction (PostgreSQL's
-// unique index does the waiting) and then replays its outcome; if the wait
-// exceeds LockTimeout the error is ErrKeyInProgress.
+// Do runs op at most once for key (in its caller's scope), in one
+// transaction: the key is stored with op's answer, then op's statements
+// run, and both commit or neither does.
+//
+// A repeat of the key finds it stored and runs nothing: with the same
+// request (fingerprint) it gets the stored answer back with replayed set;
+// with another, a *MismatchError naming the fields that differ. A repeat
+// that arrives while the first is still in its transaction waits for it
+// (PostgreSQL's primary key does the waiting), then replays its answer, or
+// runs op itself if the first rolled back. A wait past LockTimeout is
+// ErrKeyInProgress on the key, ErrConflictInProgress on anything else (the
+// same document number under another key, say). Any other failure of op's
+// statements is returned wrapped, for the caller to tell a business rule's
+// refusal (a unique index, say) from a fault; nothing is stored then.
 func (ib *Inbox) Do(ctx context.Context, key Key, req Request, op Op) (out Outcome, replayed bool, err error) {
 	ctx, span := startSpan(ctx, key)
 	defer func() { endSpan(span, out, replayed, err) }()
-	claim := &inboxdb.ClaimKeyParams{
-		Caller: key.Caller, IdempotencyKey: key.Value, RequestHash: req.Fingerprint(), Request: req.canonical(),
-	}
-	err = ib.tx(ctx, claim, func(ctx context.Context, tx *database.Tx, claimed bool) (*pgx.Batch, error) {
-		if !claimed {
-			var last *pgx.Batch
-			out, last, err = ib.replay(ctx, tx, key, req)
-			replayed = err == nil
-			return last, err
-		}
-		if out, err = op(ctx, tx); err != nil {
-			return nil, err
-		}
-		// The answer is stored in the commit's round trip. Later only
-		// queues: the statement's error, if any, comes from the commit.
-		last := &database.Later{}
-		_ = ib.q.SaveOutcome(ctx, last, inboxdb.SaveOutcomeParams{
-			Caller:         key.Caller,
-			IdempotencyKey: key.Value,
-			StatusCode:     pgtype.Int4{Int32: int32(out.Status), Valid: true}, //nolint:gosec // an HTTP status, three digits
-			ResponseBody:   pgtype.Text{String: string(out.Body), Valid: true},
-			ResourceID:     uuid.NullUUID{UUID: out.ResourceID, Valid: out.ResourceID != uuid.Nil},
-		})
-		return &last.Batch, nil
-	})
-	// A replay that failed to commit (its count) is a failure, not a replay.
-	return out, replayed && err == nil, err
-}
-
-// DoKnown is Do's one-round-trip form, for an operation whose answer is
-// known before it runs and whose key is expected to be new, as nearly
-// every key is: the key with out, its answer, and effect's statements go
-// out in one batch, one implicit transaction, with nothing to wait for
-// between them. effect's statements run only after the key's insert
-// succeeded, for the server runs nothing after a statement that failed.
-//
-// A key already stored (or claimed by a transaction that commits while
-// this one waits for it) is ErrKeyUsed, and nothing ran: Do then replays
-// the key's answer. A failure of one of effect's statements rolls back
-// the key too and is returned as it came (with ErrConflictInProgress for
-// a lock wait that timed out), for the caller to decide what that
-// failure's answer is, in Do. A wait for the key past LockTimeout is
-// ErrKeyInProgress, as in Do. effect's statements may not have callbacks
-// or read rows: nothing is read back before the commit.
-func (ib *Inbox) DoKnown(ctx context.Context, key Key, req Request, out Outcome, effect []*pgx.QueuedQuery) (err error) {
-	ctx, span := startSpan(ctx, key)
-	defer func() { endKnownSpan(span, out, err) }()
 	ctx, cancel := database.WithDeadline(ctx, ib.Timeout)
 	defer cancel()
-	first := &database.Later{}
-	ib.queueLockTimeout(&first.Batch)
-	_ = ib.q.StoreKeyAnswered(ctx, first, inboxdb.StoreKeyAnsweredParams{ // queued: its error comes from ExecAll
-		Caller: key.Caller, IdempotencyKey: key.Value, RequestHash: req.Fingerprint(), Request: req.canonical(),
-		StatusCode:   pgtype.Int4{Int32: int32(out.Status), Valid: true}, //nolint:gosec // an HTTP status, three digits
-		ResponseBody: pgtype.Text{String: string(out.Body), Valid: true},
-		ResourceID:   uuid.NullUUID{UUID: out.ResourceID, Valid: out.ResourceID != uuid.Nil},
-	})
-	const keyAt = 1 // the key's insert, after the lock timeout
-	failed, err := database.ExecAll(ctx, ib.pool, append(first.QueuedQueries, effect...))
-	switch {
-	case err == nil:
-		return nil
-	case failed == keyAt && isLockTimeout(err):
-		return ErrKeyInProgress
-	case failed == keyAt && keyTaken(err):
-		return ErrKeyUsed
-	case failed > keyAt && isLockTimeout(err):
-		return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
+	switch err := ib.store(ctx, key, req, op); {
+	case errors.Is(err, errKeyUsed):
+		out, err = ib.replay(ctx, key, req)
+		return out, err == nil, err
+	case err != nil:
+		return Outcome{}, false, err
 	}
-	what := "store key with its answer"
-	if failed > keyAt {
-		what = "run the operation's statements"
-	}
-	return database.Classify(fmt.Errorf("%s: %w", what, err))
+	return op.Outcome, false, nil
 }
 
-// Once runs op in a transaction without a key: each call is a new
-// operation. Lock waits are bounded as in Do. BEGIN and the lock timeout
-// go out with op's first statement, and COMMIT on its own: an operation of
-// one statement costs two round trips, or one if op queues its statement
-// at COMMIT (database.Tx.RunAtCommit) and reads its answer after.
-func (ib *Inbox) Once(ctx context.Context, op Op) (out Outcome, err error) {
-	err = ib.tx(ctx, nil, func(ctx context.Context, tx *database.Tx, _ bool) (*pgx.Batch, error) {
-		out, err = op(ctx, tx)
-		return nil, err
-	})
-	return out, err
-}
+// errKeyUsed: the key is already stored, by a transaction that committed.
+var errKeyUsed = errors.New("inbox: the key is already used")
 
-// txFunc is the body of an inbox transaction; claimed says whether the
-// transaction holds its key (always false without one). It returns the
-// statements to send with COMMIT, in its round trip (nil for none).
-type txFunc func(ctx context.Context, tx *database.Tx, claimed bool) (*pgx.Batch, error)
-
-// tx runs fn in a transaction that ends by Timeout, and whose lock waits
-// end after LockTimeout. With a claim, the transaction first claims the
-// key (ClaimKey). A wait that times out anywhere but on the key (another
-// request inserting the same document number, say) is
-// ErrConflictInProgress: nothing is wrong with the request, it just could
-// not be decided in time. A database that is down or does not answer by the
-// deadline is database.ErrUnavailable.
-func (ib *Inbox) tx(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFunc) error {
-	// fn gets the bounded ctx, so the deadline covers every statement of the
-	// transaction, not only BEGIN and COMMIT.
-	ctx, cancel := database.WithDeadline(ctx, ib.Timeout)
-	defer cancel()
-	err := ib.run(ctx, claim, fn)
-	if isLockTimeout(err) {
-		return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
+// store sends the lock timeout, the key with its answer, and op's
+// statements as one pgx batch: one round trip, and one transaction. A
+// batch that holds no BEGIN is one implicit transaction, which PostgreSQL
+// commits when the batch ends; it runs nothing after a statement that
+// fails, and rolls back everything before it. So op's statements run only
+// once the key's insert succeeded, and no failure leaves the key without
+// the effect or the effect without the key.
+func (ib *Inbox) store(ctx context.Context, key Key, req Request, op Op) error {
+	b := &pgx.Batch{}
+	b.Queue(setLockTimeout, strconv.FormatInt(ib.LockTimeout.Milliseconds(), 10)+"ms")
+	// StoreKey's text, with its parameters in sqlc's order (StoreKeyParams).
+	b.Queue(inboxdb.StoreKey, key.Caller, key.Value, req.Fingerprint(), req.canonical(),
+		pgtype.Int4{Int32: int32(op.Outcome.Status), Valid: true}, //nolint:gosec // an HTTP status, three digits
+		pgtype.Text{String: string(op.Outcome.Body), Valid: true},
+		uuid.NullUUID{UUID: op.Outcome.ResourceID, Valid: op.Outcome.ResourceID != uuid.Nil})
+	const keyAt = 1
+	if op.Effect != nil {
+		b.QueuedQueries = append(b.QueuedQueries, op.Effect.QueuedQueries...)
 	}
-	return database.Classify(err)
-}
-
-// run begins the transaction, runs fn and commits (database.Tx: BEGIN
-// rides with the first statements, COMMIT with fn's last ones). Whatever
-// happens, the transaction is rolled back unless committed, and the
-// connection goes back to the pool.
-func (ib *Inbox) run(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFunc) error {
-	first := &pgx.Batch{}
-	ib.queueLockTimeout(first)
-	tx, err := database.Begin(ctx, ib.pool, first)
-	defer tx.End(ctx)
-	if err != nil {
-		return err
-	}
-	claimed := false
-	if claim != nil {
-		if claimed, err = ib.claim(ctx, tx, claim); err != nil {
-			return err
+	br := ib.pool.SendBatch(ctx, b)
+	defer br.Close()
+	for i := range b.Len() {
+		_, err := br.Exec()
+		switch {
+		case err == nil:
+			continue
+		case i == keyAt && isLockTimeout(err):
+			return ErrKeyInProgress
+		case i == keyAt && keyTaken(err):
+			return errKeyUsed
+		case i > keyAt && isLockTimeout(err):
+			return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
+		case i > keyAt:
+			return database.Classify(fmt.Errorf("run the operation: %w", err))
 		}
+		return database.Classify(fmt.Errorf("store the key: %w", err))
 	}
-	last, err := fn(ctx, tx, claimed)
-	if err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx, last); err != nil {
-		return fmt.Errorf("commit: %w", err)
+	// The batch's end is the commit: an error here is the commit's.
+	if err := br.Close(); err != nil {
+		return database.Classify(fmt.Errorf("commit: %w", err))
 	}
 	return nil
 }
@@ -303,46 +231,6 @@ func (ib *Inbox) run(ctx context.Context, claim *inboxdb.ClaimKeyParams, fn txFu
 // The value is LockTimeout, from the binary's own configuration, and is
 // bound as a parameter, not written into the SQL.
 const setLockTimeout = "SELECT set_config('lock_timeout', $1, true)"
-
-// queueLockTimeout queues setLockTimeout, to go ahead of a transaction's
-// first statement.
-func (ib *Inbox) queueLockTimeout(b *pgx.Batch) {
-	b.Queue(setLockTimeout, strconv.FormatInt(ib.LockTimeout.Milliseconds(), 10)+"ms")
-}
-
-// claim claims the key, in one round trip with BEGIN and the lock timeout
-// (database.Tx). It is safe because nothing about the protocol changes,
-// only the waiting between statements. PostgreSQL runs a pipeline's
-// statements in order, in the transaction BEGIN opened, and runs none
-// after one that failed; so the claim is still the transaction's first
-// statement, bounded by the lock timeout set just before it. A concurrent
-// request for the same key still waits on the key's primary key until this
-// transaction ends (then replays its answer, or claims the key if it
-// rolled back), or gives up at its own lock timeout. And the operation is
-// still sent only afterwards, once the answer says the claim inserted the
-// key (see Do).
-//
-// claimed is true when the claim inserted the key: the transaction holds it
-// until it ends. A claim that waited past the lock timeout for another
-// transaction holding the same key is ErrKeyInProgress.
-func (ib *Inbox) claim(ctx context.Context, tx *database.Tx, claim *inboxdb.ClaimKeyParams) (claimed bool, err error) {
-	b := &pgx.Batch{}
-	// ClaimKey's text and its parameters in sqlc's order ($1…$4, as in
-	// ClaimKeyParams): sqlc's method reads its answer at once, alone.
-	b.Queue(inboxdb.ClaimKey, claim.Caller, claim.IdempotencyKey, claim.RequestHash, claim.Request).
-		Exec(func(tag pgconn.CommandTag) error {
-			claimed = tag.RowsAffected() == 1
-			return nil
-		})
-	switch err := tx.Send(ctx, b); {
-	case isLockTimeout(err):
-		// Only the claim waits for a lock here: another request holds the key.
-		return false, ErrKeyInProgress
-	case err != nil:
-		return false, fmt.Errorf("begin and claim key: %w", err)
-	}
-	return claimed, nil
-}
 
 // keyTaken: err is the key's insert failing on the inbox's primary key.
 func keyTaken(err error) bool {
@@ -355,29 +243,34 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
-// replay loads the key's stored answer; the replay is counted in the
-// commit's round trip (last).
-func (ib *Inbox) replay(ctx context.Context, tx *database.Tx, key Key, req Request) (out Outcome, last *pgx.Batch, err error) {
-	row, err := ib.q.GetKey(ctx, tx, inboxdb.GetKeyParams{Caller: key.Caller, IdempotencyKey: key.Value})
+// replay answers a repeat of a key that is stored: its stored answer if
+// the request is the same, a *MismatchError if not. It counts the replay.
+func (ib *Inbox) replay(ctx context.Context, key Key, req Request) (Outcome, error) {
+	row, err := ib.q.GetKey(ctx, ib.pool, inboxdb.GetKeyParams{Caller: key.Caller, IdempotencyKey: key.Value})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Purged since its insert failed, a moment ago: a retry runs the
+		// operation afresh, as for any key past its retention.
+		return Outcome{}, ErrKeyInProgress
+	}
 	if err != nil {
-		return Outcome{}, nil, fmt.Errorf("load idempotency key: %w", err)
+		return Outcome{}, database.Classify(fmt.Errorf("load idempotency key: %w", err))
 	}
 	if !bytes.Equal(row.RequestHash, req.Fingerprint()) {
 		fields, err := DifferingFields(row.Request, req)
 		if err != nil {
-			return Outcome{}, nil, err
+			return Outcome{}, err
 		}
-		return Outcome{}, nil, &MismatchError{Fields: fields}
+		return Outcome{}, &MismatchError{Fields: fields}
 	}
 	if !row.StatusCode.Valid {
-		// The claim and the outcome are written in one transaction, so a
-		// visible row without an outcome means the schema was changed by hand.
-		return Outcome{}, nil, fmt.Errorf("idempotency key %s has no stored outcome", key)
+		// The key and its answer are written by one statement, so a row
+		// without an answer means the schema was changed by hand.
+		return Outcome{}, fmt.Errorf("idempotency key %s has no stored outcome", key)
 	}
-	// Queued for the commit's round trip; its error comes from the commit.
-	later := &database.Later{}
-	_ = ib.q.CountReplay(ctx, later, inboxdb.CountReplayParams{Caller: key.Caller, IdempotencyKey: key.Value})
-	return Outcome{Status: int(row.StatusCode.Int32), Body: []byte(row.ResponseBody.String), ResourceID: row.ResourceID.UUID}, &later.Batch, nil
+	if err := ib.q.CountReplay(ctx, ib.pool, inboxdb.CountReplayParams{Caller: key.Caller, IdempotencyKey: key.Value}); err != nil {
+		return Outcome{}, database.Classify(fmt.Errorf("count replay: %w", err))
+	}
+	return Outcome{Status: int(row.StatusCode.Int32), Body: []byte(row.ResponseBody.String), ResourceID: row.ResourceID.UUID}, nil
 }
 
 // Purge deletes inbox rows older than retention, batch rows per statement,

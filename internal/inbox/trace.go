@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"errors"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -11,7 +10,7 @@ import (
 	"github.com/outboxref/outboxref/internal/telemetry"
 )
 
-// startSpan starts the span of Do's or DoKnown's transaction, a child of
+// startSpan starts the span of a call of Do, a child of
 // the request's span: in a delivery's trace it shows whether Users ran the
 // operation or replayed its stored answer. The inbox knows no operation
 // names, only keys, so every inbox span has the same name.
@@ -27,22 +26,11 @@ func endSpan(span trace.Span, out Outcome, replayed bool, err error) {
 		outcome = string(r)
 	}
 	span.SetAttributes(attribute.Bool("replayed", replayed), attribute.String("outcome", outcome))
-	if out.Status != 0 && err == nil { // DoKnown has its answer before it knows whether it stored it
+	if err == nil {
 		span.SetAttributes(attribute.Int("inbox.status", out.Status))
 	}
 	if outcome == "error" {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
-}
-
-// endKnownSpan ends DoKnown's span. A key already used is not an error of
-// the span's: the operation goes on to replay it.
-func endKnownSpan(span trace.Span, out Outcome, err error) {
-	if errors.Is(err, ErrKeyUsed) {
-		span.SetAttributes(attribute.Bool("replayed", false), attribute.String("outcome", "key_used"))
-		span.End()
-		return
-	}
-	endSpan(span, out, false, err)
 }

@@ -19,10 +19,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/database"
@@ -50,48 +48,16 @@ func Notify(ctx context.Context, pool *pgxpool.Pool) error {
 // asks for one, and kicks that arrive while one is being sent are answered
 // together by the next. A thousand students committed in a second cost a
 // handful of notifications, and none waits for another's.
-//
-// At a middling rate, commits are too far apart to coalesce, and a
-// notification of its own costs a round trip and a wake-up of a backend
-// for every commit. So a commit that follows the one before by RideGap or
-// more carries its notification instead (Ride): sent after COMMIT in the
-// commit's own round trip, in a transaction of its own
-// (database.Tx.AfterCommit). Closer commits kick, and coalesce, as before.
 type Notifier struct {
 	pool    *pgxpool.Pool
 	timeout time.Duration
 	kick    chan struct{}
-	// last is when Ride was last asked (monotonic nanoseconds since start).
-	last  atomic.Int64
-	start time.Time
-}
-
-// RideGap is how far a commit must follow the one before for its
-// notification to ride. Closer commits are a stream: their kicks
-// coalesce, and the sender lingers after such a notification
-// (relay.WakeLinger, the same 2 ms) so that they share a claim. Commits
-// 5 ms apart (200 a second) ride, and the sender claims each at once
-// (relay.WakeQuiet).
-const RideGap = 2 * time.Millisecond
-
-// Ride hands the caller a notification to send after its commit, in the
-// commit's round trip, when the commit before asked RideGap ago or more.
-// ok false: the caller kicks once it has committed, as without Ride. A
-// ride that fails should Kick: the notification is then sent apart.
-func (n *Notifier) Ride() (b *pgx.Batch, ok bool) {
-	now := int64(time.Since(n.start)) + 1 // never 0, the value before any
-	if before := n.last.Swap(now); before != 0 && now-before < int64(RideGap) {
-		return nil, false
-	}
-	b = &pgx.Batch{}
-	b.Queue(notify)
-	return b, true
 }
 
 // NewNotifier returns a Notifier on pool's database; each notification is
 // bounded by timeout. Kicks do nothing until Run runs.
 func NewNotifier(pool *pgxpool.Pool, timeout time.Duration) *Notifier {
-	return &Notifier{pool: pool, timeout: timeout, kick: make(chan struct{}, 1), start: time.Now()}
+	return &Notifier{pool: pool, timeout: timeout, kick: make(chan struct{}, 1)}
 }
 
 // Kick asks for a notification soon. It never blocks.

@@ -49,37 +49,3 @@ func TestKicksCoalesce(t *testing.T) {
 	n.Kick()
 	require.Equal(t, 1, notifications(), "a later kick is answered too")
 }
-
-// TestRidesAreSpaced: a commit rides when the one before asked RideGap
-// ago or more, and kicks instead when it follows closer. Each call's gap
-// is bounded by the test's clock from both sides, so a descheduled test
-// goroutine cannot make it fail.
-func TestRidesAreSpaced(t *testing.T) {
-	t.Parallel()
-	n := outboxwake.NewNotifier(nil, time.Second)
-	// The clock is read around the first call too: read after it, a test
-	// descheduled between the two would take the ride's time for later.
-	prevStart := time.Now()
-	b, ok := n.Ride()
-	prevEnd := time.Now()
-	require.True(t, ok, "the first rides")
-	require.Equal(t, 1, b.Len())
-	require.Contains(t, b.QueuedQueries[0].SQL, "pg_notify")
-	rides, asked := 0, 0
-	for start := time.Now(); asked < 200 || time.Since(start) < 3*outboxwake.RideGap; asked++ {
-		t0 := time.Now()
-		_, ok := n.Ride()
-		t1 := time.Now()
-		if ok {
-			rides++
-			require.GreaterOrEqual(t, t1.Sub(prevStart), outboxwake.RideGap, "rode though the one before was close")
-		} else {
-			require.Less(t, t0.Sub(prevEnd), outboxwake.RideGap, "kicked though the one before was far")
-		}
-		prevStart, prevEnd = t0, t1
-	}
-	require.Less(t, rides, asked, "a dense stream kicks")
-	time.Sleep(outboxwake.RideGap)
-	_, ok = n.Ride()
-	require.True(t, ok, "a gap later, one rides again")
-}

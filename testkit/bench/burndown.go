@@ -229,8 +229,8 @@ func (b *bench) burndownReal(ctx context.Context, rows int, source string) (rate
 // backlog with SQL only, as the default sender does it: one claimer taking
 // batches of SENDER_BATCH_SIZE with the sender's ClaimDue (as
 // outbox_sender); SENDER_CONCURRENCY workers each running Users'
-// create-user transaction for a row (internal/inbox's Do: the key's claim,
-// InsertNewUser, the stored answer; as users_app, on Users' database); and four
+// create-user transaction for a row (internal/inbox's Do: the key with its
+// answer and InsertUser, one batch; as users_app, on Users' database); and four
 // recorders writing the answers as the sender does (LinkStudents, which
 // also marks the rows delivered, and RecordEvents, which also trims the
 // histories, in one transaction, a batch being
@@ -460,36 +460,31 @@ func claimRows(results pgx.BatchResults) (pgx.Rows, error) {
 }
 
 // createUser is Users' transaction for one delivery: the payload decoded
-// as Users decodes the body, then the key's claim, and the user with the
-// stored answer and COMMIT (InsertNewUser, which fails if the document
-// number is taken: the bound's students never share one), as Users' first
-// try does.
+// as Users decodes the body, then the key with its answer and the user in
+// one batch (inbox.Do), as Users does.
 func (b *bench) createUser(ctx context.Context, ib *inbox.Inbox, row claimed) (uuid.UUID, error) {
 	var p person.Person
 	if err := json.Unmarshal(row.payload, &p); err != nil {
 		return uuid.Nil, fmt.Errorf("bound: payload: %w", err)
 	}
-	q := b.q["InsertNewUser"]
+	q := b.q["InsertUser"]
+	id := uuid.Must(uuid.NewV7())
+	args, err := q.args(map[string]any{"id": id, "name": p.Name, "email": p.Email, "document_number": p.DocumentNumber})
+	if err != nil {
+		return uuid.Nil, err
+	}
+	insert := &pgx.Batch{}
+	insert.Queue(q.sql, args...)
+	// Users stores its 201 body under the key.
+	body, err := json.Marshal(struct {
+		UserID uuid.UUID `json:"userId"`
+		Status string    `json:"status"`
+	}{id, "created"})
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("answer: %w", err)
+	}
 	out, _, err := ib.Do(ctx, inbox.Key{Caller: senderCaller, Value: row.key.String()}, p.Fields(),
-		func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-			id := uuid.Must(uuid.NewV7())
-			args, err := q.args(map[string]any{"id": id, "name": p.Name, "email": p.Email, "document_number": p.DocumentNumber})
-			if err != nil {
-				return inbox.Outcome{}, err
-			}
-			insert := &pgx.Batch{}
-			insert.Queue(q.sql, args...)
-			tx.WithCommit(insert)
-			// Users stores its 201 body under the key.
-			body, err := json.Marshal(struct {
-				UserID uuid.UUID `json:"userId"`
-				Status string    `json:"status"`
-			}{id, "created"})
-			if err != nil {
-				return inbox.Outcome{}, fmt.Errorf("answer: %w", err)
-			}
-			return inbox.Outcome{Status: 201, Body: body, ResourceID: id}, nil
-		})
+		inbox.Op{Outcome: inbox.Outcome{Status: 201, Body: body, ResourceID: id}, Effect: insert})
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("bound: create user: %w", err)
 	}

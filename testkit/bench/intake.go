@@ -16,7 +16,6 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/database"
-	"github.com/outboxref/outboxref/internal/inbox"
 	"github.com/outboxref/outboxref/internal/person"
 )
 
@@ -176,10 +175,8 @@ func (b *bench) intakeReal(ctx context.Context, cfg intakeConfig) (float64, erro
 // intakeBound measures the database alone doing Student's work: the
 // transaction Student runs for POST /students without a key, from
 // cfg.clients Go workers sharing a pool of Student's size, as student_app. It is
-// internal/inbox's transaction (Once: BEGIN and the lock_timeout in one
-// round trip, the statement, COMMIT), which Student's store runs too,
-// around Student's own statement (db/queries/student), with the same
-// payload. Not in it: HTTP, JSON decoding and validation, the answer's
+// Student's own statement (db/queries/student), committed on its own, as
+// Student's store runs it, with the same payload. Not in it: HTTP, JSON decoding and validation, the answer's
 // encoding, and the Student process.
 func (b *bench) intakeBound(ctx context.Context, cfg intakeConfig) (float64, error) {
 	d, err := b.freshDatabases(ctx)
@@ -192,34 +189,27 @@ func (b *bench) intakeBound(ctx context.Context, cfg intakeConfig) (float64, err
 		return 0, err
 	}
 	defer pool.Close()
-	ib := inbox.New(pool)
-	ib.LockTimeout, ib.Timeout = studentKeyWait, studentTimeout
 	insert := b.q["InsertStudentWithOutbox"]
 	return closedLoop(ctx, cfg, func(ctx context.Context, n int64) error {
 		p := newStudent(n)
-		_, err := ib.Once(ctx, func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-			payload, err := json.Marshal(p)
-			if err != nil {
-				return inbox.Outcome{}, fmt.Errorf("outbox payload: %w", err)
-			}
-			args, err := insert.args(map[string]any{
-				"id": uuid.Must(uuid.NewV7()), "name": p.Name, "email": p.Email, "document_number": p.DocumentNumber,
-				"idempotency_key": uuid.New(), "operation": "create-user", "payload": payload,
-				"trace_parent": "", // the bound runs untraced, as the shipped defaults do
-			})
-			if err != nil {
-				return inbox.Outcome{}, err
-			}
-			var (
-				id, userID         uuid.NullUUID
-				name, email, doc   string
-				created, updatedAt time.Time
-			)
-			if err := tx.QueryRow(ctx, insert.sql, args...).Scan(&id, &name, &email, &doc, &userID, &created, &updatedAt); err != nil {
-				return inbox.Outcome{}, fmt.Errorf("insert student and outbox row: %w", err)
-			}
-			return inbox.Outcome{}, nil
+		payload, err := json.Marshal(p)
+		if err != nil {
+			return fmt.Errorf("outbox payload: %w", err)
+		}
+		args, err := insert.args(map[string]any{
+			"id": uuid.Must(uuid.NewV7()), "name": p.Name, "email": p.Email, "document_number": p.DocumentNumber,
+			"created_at": time.Now().UTC(), "idempotency_key": uuid.New(), "operation": "create-user", "payload": payload,
+			"trace_parent": "", // the bound runs untraced, as the shipped defaults do
 		})
-		return err
+		if err != nil {
+			return err
+		}
+		// Student's keyless create: its one statement, committed on its own.
+		ctx, cancel := database.WithDeadline(ctx, studentTimeout)
+		defer cancel()
+		if _, err := pool.Exec(ctx, insert.sql, args...); err != nil {
+			return fmt.Errorf("insert student and outbox row: %w", err)
+		}
+		return nil
 	})
 }

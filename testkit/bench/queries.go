@@ -22,8 +22,8 @@ import (
 // run by internal/inbox itself (intakeBound, burndownBound), not loaded
 // here.
 var neededQueries = map[string][]string{
-	"InsertStudentWithOutbox": {"id", "name", "email", "document_number", "idempotency_key", "operation", "payload", "trace_parent"},
-	"InsertNewUser":           {"id", "name", "email", "document_number"},
+	"InsertStudentWithOutbox": {"id", "name", "email", "document_number", "created_at", "idempotency_key", "operation", "payload", "trace_parent"},
+	"InsertUser":              {"id", "name", "email", "document_number"},
 	"ClaimDue":                {"lease", "claimed_by", "batch_size", "max_age"},
 	"LinkStudents":            {"outbox_ids", "student_ids", "user_ids", "conflict_errors"},
 	"RecordEvents":            {"outbox_ids", "keep", "kind", "actor", "attempts", "outcomes", "reason_classes", "errors", "idempotency_keys"},

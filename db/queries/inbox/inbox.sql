@@ -3,33 +3,19 @@
 -- inbox table. A key lives in its caller's scope, the authenticated
 -- caller's name: every statement names both.
 
--- name: ClaimKey :execrows
--- Inserting the key is the claim: one row inserted means this transaction
--- holds the key, none that the key's answer is already stored. A concurrent
--- transaction inserting the same key waits on the primary key until this one
--- ends, then either finds the committed row (and replays it) or, if this one
--- rolled back, claims it. internal/inbox sends it with BEGIN, in one batch.
-INSERT INTO inbox (caller, idempotency_key, request_hash, request)
-VALUES (@caller, @idempotency_key, @request_hash, @request)
-ON CONFLICT (caller, idempotency_key) DO NOTHING;
-
--- name: StoreKeyAnswered :exec
--- The key with its answer, for an operation whose answer is known before
--- it runs (Inbox.DoKnown). No ON CONFLICT: a key already stored fails the
--- statement, and with it the transaction, so the operation's statements
--- queued after it never run. A concurrent transaction holding the same key
--- makes this one wait, as ClaimKey does, then fail if that one committed.
+-- name: StoreKey :exec
+-- The key with the answer its operation gives, stored ahead of the
+-- operation's statements in one transaction (Inbox.Do). No ON CONFLICT: a
+-- key already stored fails the statement, and with it the transaction, so
+-- the operation's statements queued after it never run. A concurrent
+-- transaction inserting the same key waits on the primary key until this
+-- one ends, then fails if this one committed, or goes on if it rolled back.
 INSERT INTO inbox (caller, idempotency_key, request_hash, request, status_code, response_body, resource_id)
 VALUES (@caller, @idempotency_key, @request_hash, @request, @status_code, @response_body, @resource_id);
 
 -- name: GetKey :one
 SELECT idempotency_key, request_hash, request, status_code, response_body, resource_id, replays, created_at, caller
 FROM inbox
-WHERE caller = @caller AND idempotency_key = @idempotency_key;
-
--- name: SaveOutcome :exec
-UPDATE inbox
-SET status_code = @status_code, response_body = @response_body, resource_id = @resource_id
 WHERE caller = @caller AND idempotency_key = @idempotency_key;
 
 -- name: CountReplay :exec

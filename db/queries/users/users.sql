@@ -1,19 +1,10 @@
--- name: InsertUser :one
--- ON CONFLICT names the partial unique index's predicate: when an enabled
--- user already holds the document number no row comes back, and the
--- transaction stays usable to store that outcome under the key.
-INSERT INTO users (id, name, email, document_number)
-VALUES (@id, @name, @email, @document_number)
-ON CONFLICT (document_number) WHERE enabled DO NOTHING
-RETURNING id, name, email, document_number, enabled, created_at;
-
--- name: InsertNewUser :exec
--- The user of CreateUser's first try, which expects the document number to
--- be free: it goes out with the key and its stored answer, in one batch,
--- before its own answer is known, so it has no ON CONFLICT. When an enabled
--- user already holds the document number it fails (a unique violation of
--- users_one_enabled_per_document), the transaction with it, and nothing is
--- written: the store's refuse then stores the refusal with InsertUser.
+-- name: InsertUser :exec
+-- The business rule is the partial unique index on enabled users' document
+-- numbers: when an enabled user already holds the number, this insert fails
+-- (a unique violation of users_one_enabled_per_document), and with it the
+-- transaction it is in, so nothing of it is written. The store then stores
+-- the refusal under the key instead. No ON CONFLICT: the statement goes out
+-- with the key and its answer, in one batch, before its own result is known.
 INSERT INTO users (id, name, email, document_number)
 VALUES (@id, @name, @email, @document_number);
 

@@ -13,42 +13,6 @@ import (
 	"time"
 )
 
-const ClaimKey = `-- name: ClaimKey :execrows
-
-INSERT INTO inbox (caller, idempotency_key, request_hash, request)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (caller, idempotency_key) DO NOTHING
-`
-
-type ClaimKeyParams struct {
-	Caller         string
-	IdempotencyKey string
-	RequestHash    []byte
-	Request        []byte
-}
-
-// The inbox protocol, shared by Student (client keys on POST /students) and
-// Users (the sender's keys on POST /users). Both databases have the same
-// inbox table. A key lives in its caller's scope, the authenticated
-// caller's name: every statement names both.
-// Inserting the key is the claim: one row inserted means this transaction
-// holds the key, none that the key's answer is already stored. A concurrent
-// transaction inserting the same key waits on the primary key until this one
-// ends, then either finds the committed row (and replays it) or, if this one
-// rolled back, claims it. internal/inbox sends it with BEGIN, in one batch.
-func (q *Queries) ClaimKey(ctx context.Context, db DBTX, arg ClaimKeyParams) (int64, error) {
-	result, err := db.Exec(ctx, ClaimKey,
-		arg.Caller,
-		arg.IdempotencyKey,
-		arg.RequestHash,
-		arg.Request,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const CountReplay = `-- name: CountReplay :exec
 UPDATE inbox SET replays = replays + 1 WHERE caller = $1 AND idempotency_key = $2
 `
@@ -117,37 +81,13 @@ func (q *Queries) PurgeOlderThan(ctx context.Context, db DBTX, arg PurgeOlderTha
 	return result.RowsAffected(), nil
 }
 
-const SaveOutcome = `-- name: SaveOutcome :exec
-UPDATE inbox
-SET status_code = $1, response_body = $2, resource_id = $3
-WHERE caller = $4 AND idempotency_key = $5
-`
+const StoreKey = `-- name: StoreKey :exec
 
-type SaveOutcomeParams struct {
-	StatusCode     pgtype.Int4
-	ResponseBody   pgtype.Text
-	ResourceID     uuid.NullUUID
-	Caller         string
-	IdempotencyKey string
-}
-
-func (q *Queries) SaveOutcome(ctx context.Context, db DBTX, arg SaveOutcomeParams) error {
-	_, err := db.Exec(ctx, SaveOutcome,
-		arg.StatusCode,
-		arg.ResponseBody,
-		arg.ResourceID,
-		arg.Caller,
-		arg.IdempotencyKey,
-	)
-	return err
-}
-
-const StoreKeyAnswered = `-- name: StoreKeyAnswered :exec
 INSERT INTO inbox (caller, idempotency_key, request_hash, request, status_code, response_body, resource_id)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 `
 
-type StoreKeyAnsweredParams struct {
+type StoreKeyParams struct {
 	Caller         string
 	IdempotencyKey string
 	RequestHash    []byte
@@ -157,13 +97,18 @@ type StoreKeyAnsweredParams struct {
 	ResourceID     uuid.NullUUID
 }
 
-// The key with its answer, for an operation whose answer is known before
-// it runs (Inbox.DoKnown). No ON CONFLICT: a key already stored fails the
-// statement, and with it the transaction, so the operation's statements
-// queued after it never run. A concurrent transaction holding the same key
-// makes this one wait, as ClaimKey does, then fail if that one committed.
-func (q *Queries) StoreKeyAnswered(ctx context.Context, db DBTX, arg StoreKeyAnsweredParams) error {
-	_, err := db.Exec(ctx, StoreKeyAnswered,
+// The inbox protocol, shared by Student (client keys on POST /students) and
+// Users (the sender's keys on POST /users). Both databases have the same
+// inbox table. A key lives in its caller's scope, the authenticated
+// caller's name: every statement names both.
+// The key with the answer its operation gives, stored ahead of the
+// operation's statements in one transaction (Inbox.Do). No ON CONFLICT: a
+// key already stored fails the statement, and with it the transaction, so
+// the operation's statements queued after it never run. A concurrent
+// transaction inserting the same key waits on the primary key until this
+// one ends, then fails if this one committed, or goes on if it rolled back.
+func (q *Queries) StoreKey(ctx context.Context, db DBTX, arg StoreKeyParams) error {
+	_, err := db.Exec(ctx, StoreKey,
 		arg.Caller,
 		arg.IdempotencyKey,
 		arg.RequestHash,

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const findDead = `-- name: FindDead :many
+const FindDead = `-- name: FindDead :many
 SELECT o.id
 FROM outbox o
 WHERE o.state = 'dead' AND o.redrives < $1::integer
@@ -41,7 +41,7 @@ type FindDeadParams struct {
 // same rules as Redrive for a new key, a key's age and the redrive limit;
 // @new_key_safe is outbox.NewKeySafe).
 func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]int64, error) {
-	rows, err := db.Query(ctx, findDead,
+	rows, err := db.Query(ctx, FindDead,
 		arg.MaxRedrives,
 		arg.ReasonClass,
 		arg.NewKey,
@@ -70,7 +70,7 @@ func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]
 	return items, nil
 }
 
-const getOutboxRow = `-- name: GetOutboxRow :one
+const GetOutboxRow = `-- name: GetOutboxRow :one
 SELECT o.id, o.idempotency_key, o.previous_keys, o.operation, o.student_id, o.state,
        o.attempts, o.attempts_before_redrive, o.reason_class, o.last_error, o.available_at, o.claimed_by, o.created_at,
        o.age_from, o.delivered_at, o.dead_at, o.redrives, o.redriven_at, o.key_minted_at,
@@ -108,7 +108,7 @@ type GetOutboxRowRow struct {
 }
 
 func (q *Queries) GetOutboxRow(ctx context.Context, db DBTX, id int64) (GetOutboxRowRow, error) {
-	row := db.QueryRow(ctx, getOutboxRow, id)
+	row := db.QueryRow(ctx, GetOutboxRow, id)
 	var i GetOutboxRowRow
 	err := row.Scan(
 		&i.ID,
@@ -137,7 +137,7 @@ func (q *Queries) GetOutboxRow(ctx context.Context, db DBTX, id int64) (GetOutbo
 	return i, err
 }
 
-const listEvents = `-- name: ListEvents :many
+const ListEvents = `-- name: ListEvents :many
 SELECT id, at, kind, attempt, outcome, reason_class, error, actor, idempotency_key
 FROM outbox_events
 WHERE outbox_id = $1
@@ -157,7 +157,7 @@ type ListEventsRow struct {
 }
 
 func (q *Queries) ListEvents(ctx context.Context, db DBTX, outboxID int64) ([]ListEventsRow, error) {
-	rows, err := db.Query(ctx, listEvents, outboxID)
+	rows, err := db.Query(ctx, ListEvents, outboxID)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ func (q *Queries) ListEvents(ctx context.Context, db DBTX, outboxID int64) ([]Li
 	return items, nil
 }
 
-const listOutbox = `-- name: ListOutbox :many
+const ListOutbox = `-- name: ListOutbox :many
 
 SELECT o.id, o.idempotency_key, o.operation, o.student_id, o.state, o.attempts, o.attempts_before_redrive, o.reason_class,
        o.last_error, o.created_at, o.delivered_at, o.dead_at, o.redrives, o.redriven_at,
@@ -234,7 +234,7 @@ type ListOutboxRow struct {
 // Newest first by state_at (when the row reached its state), keyset-paged
 // on (state_at, id) along outbox_state_at_idx.
 func (q *Queries) ListOutbox(ctx context.Context, db DBTX, arg ListOutboxParams) ([]ListOutboxRow, error) {
-	rows, err := db.Query(ctx, listOutbox,
+	rows, err := db.Query(ctx, ListOutbox,
 		arg.State,
 		arg.ReasonClass,
 		arg.Since,
@@ -277,7 +277,7 @@ func (q *Queries) ListOutbox(ctx context.Context, db DBTX, arg ListOutboxParams)
 	return items, nil
 }
 
-const redrive = `-- name: Redrive :many
+const Redrive = `-- name: Redrive :many
 UPDATE outbox o
 SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redrive = o.attempts_before_redrive + d.attempts,
     age_from = now(),
@@ -329,7 +329,7 @@ type RedriveRow struct {
 // locked is skipped, not waited for: the caller tells the operator to try
 // again, and no admin request queues behind a lock it cannot see.
 func (q *Queries) Redrive(ctx context.Context, db DBTX, arg RedriveParams) ([]RedriveRow, error) {
-	rows, err := db.Query(ctx, redrive,
+	rows, err := db.Query(ctx, Redrive,
 		arg.NewKey,
 		arg.Ids,
 		arg.MaxRedrives,

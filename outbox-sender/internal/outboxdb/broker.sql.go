@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 )
 
-const lockRowsForRecord = `-- name: LockRowsForRecord :many
+const LockRowsForRecord = `-- name: LockRowsForRecord :many
 
 SELECT id FROM outbox WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
 `
@@ -25,7 +25,7 @@ SELECT id FROM outbox WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
 // all; the two then wait for each other rather than deadlock, which each
 // statement's own plan, locking rows in the order it scans them, allowed.
 func (q *Queries) LockRowsForRecord(ctx context.Context, db DBTX, ids []int64) ([]int64, error) {
-	rows, err := db.Query(ctx, lockRowsForRecord, ids)
+	rows, err := db.Query(ctx, LockRowsForRecord, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +44,7 @@ func (q *Queries) LockRowsForRecord(ctx context.Context, db DBTX, ids []int64) (
 	return items, nil
 }
 
-const lockRowsForReplies = `-- name: LockRowsForReplies :many
+const LockRowsForReplies = `-- name: LockRowsForReplies :many
 SELECT o.id, o.idempotency_key, o.student_id, o.state, o.attempts, o.created_at, s.user_id AS student_user_id
 FROM outbox o
 JOIN students s ON s.id = o.student_id
@@ -68,7 +68,7 @@ type LockRowsForRepliesRow struct {
 // locks them, so that two batches wait for each other rather than
 // deadlock.
 func (q *Queries) LockRowsForReplies(ctx context.Context, db DBTX, idempotencyKeys []uuid.UUID) ([]LockRowsForRepliesRow, error) {
-	rows, err := db.Query(ctx, lockRowsForReplies, idempotencyKeys)
+	rows, err := db.Query(ctx, LockRowsForReplies, idempotencyKeys)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +95,7 @@ func (q *Queries) LockRowsForReplies(ctx context.Context, db DBTX, idempotencyKe
 	return items, nil
 }
 
-const markDeadByReplies = `-- name: MarkDeadByReplies :exec
+const MarkDeadByReplies = `-- name: MarkDeadByReplies :exec
 UPDATE outbox o
 SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
 FROM (
@@ -115,11 +115,11 @@ type MarkDeadByRepliesParams struct {
 // students have others): the rows are dead whatever lease they are
 // under. One statement for a batch of replies, sent with its COMMIT.
 func (q *Queries) MarkDeadByReplies(ctx context.Context, db DBTX, arg MarkDeadByRepliesParams) error {
-	_, err := db.Exec(ctx, markDeadByReplies, arg.Ids, arg.ReasonClasses, arg.Errors)
+	_, err := db.Exec(ctx, MarkDeadByReplies, arg.Ids, arg.ReasonClasses, arg.Errors)
 	return err
 }
 
-const parkReply = `-- name: ParkReply :exec
+const ParkReply = `-- name: ParkReply :exec
 INSERT INTO parked_replies (stream, stream_sequence, subject, headers, data, reason, deliveries)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (stream, stream_sequence) DO NOTHING
@@ -137,7 +137,7 @@ type ParkReplyParams struct {
 
 // Keeps a reply the sender could not read, for an operator.
 func (q *Queries) ParkReply(ctx context.Context, db DBTX, arg ParkReplyParams) error {
-	_, err := db.Exec(ctx, parkReply,
+	_, err := db.Exec(ctx, ParkReply,
 		arg.Stream,
 		arg.StreamSequence,
 		arg.Subject,
@@ -149,7 +149,7 @@ func (q *Queries) ParkReply(ctx context.Context, db DBTX, arg ParkReplyParams) e
 	return err
 }
 
-const purgeReplies = `-- name: PurgeReplies :execrows
+const PurgeReplies = `-- name: PurgeReplies :execrows
 DELETE FROM reply_inbox
 WHERE message_id IN (
     SELECT message_id FROM reply_inbox
@@ -168,14 +168,14 @@ type PurgeRepliesParams struct {
 // takes the UPDATE privilege, which the sender's role has no need of on
 // this table; two purges at once only wait for each other.
 func (q *Queries) PurgeReplies(ctx context.Context, db DBTX, arg PurgeRepliesParams) (int64, error) {
-	result, err := db.Exec(ctx, purgeReplies, arg.Retention, arg.BatchSize)
+	result, err := db.Exec(ctx, PurgeReplies, arg.Retention, arg.BatchSize)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const receiveReplies = `-- name: ReceiveReplies :many
+const ReceiveReplies = `-- name: ReceiveReplies :many
 INSERT INTO reply_inbox (message_id, idempotency_key, outbox_id, outcome)
 SELECT d.message_id, d.idempotency_key, NULLIF(d.outbox_id, 0), d.outcome
 FROM (SELECT unnest($1::uuid[]) AS message_id, unnest($2::uuid[]) AS idempotency_key,
@@ -194,7 +194,7 @@ type ReceiveRepliesParams struct {
 // Enters replies into the sender's inbox, each with what it did. A reply
 // that does not come back was entered by another transaction meanwhile.
 func (q *Queries) ReceiveReplies(ctx context.Context, db DBTX, arg ReceiveRepliesParams) ([]uuid.UUID, error) {
-	rows, err := db.Query(ctx, receiveReplies,
+	rows, err := db.Query(ctx, ReceiveReplies,
 		arg.MessageIds,
 		arg.IdempotencyKeys,
 		arg.OutboxIds,
@@ -218,7 +218,7 @@ func (q *Queries) ReceiveReplies(ctx context.Context, db DBTX, arg ReceiveReplie
 	return items, nil
 }
 
-const recordPublished = `-- name: RecordPublished :many
+const RecordPublished = `-- name: RecordPublished :many
 UPDATE outbox o
 SET state = 'published',
     published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
@@ -251,7 +251,7 @@ type RecordPublishedParams struct {
 // before is still unread by Users, so the row keeps that publish (its
 // time and sequence) and the claim does not count as an attempt.
 func (q *Queries) RecordPublished(ctx context.Context, db DBTX, arg RecordPublishedParams) ([]int64, error) {
-	rows, err := db.Query(ctx, recordPublished,
+	rows, err := db.Query(ctx, RecordPublished,
 		arg.MaxAge,
 		arg.Ids,
 		arg.LeaseTokens,
@@ -277,14 +277,14 @@ func (q *Queries) RecordPublished(ctx context.Context, db DBTX, arg RecordPublis
 	return items, nil
 }
 
-const repliesReceived = `-- name: RepliesReceived :many
+const RepliesReceived = `-- name: RepliesReceived :many
 SELECT message_id FROM reply_inbox WHERE message_id = ANY($1::uuid[])
 `
 
 // Which of these replies the sender's inbox holds already: the broker
 // delivered them again, and they were applied.
 func (q *Queries) RepliesReceived(ctx context.Context, db DBTX, messageIds []uuid.UUID) ([]uuid.UUID, error) {
-	rows, err := db.Query(ctx, repliesReceived, messageIds)
+	rows, err := db.Query(ctx, RepliesReceived, messageIds)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const claimDueLeavingNew = `-- name: ClaimDueLeavingNew :many
+const ClaimDueLeavingNew = `-- name: ClaimDueLeavingNew :many
 
 UPDATE outbox o
 SET state        = 'pending',
@@ -76,7 +76,7 @@ type ClaimDueLeavingNewRow struct {
 // index on retried rows alone would avoid that, at the price of an index
 // entry for every claim.
 func (q *Queries) ClaimDueLeavingNew(ctx context.Context, db DBTX, arg ClaimDueLeavingNewParams) ([]ClaimDueLeavingNewRow, error) {
-	rows, err := db.Query(ctx, claimDueLeavingNew,
+	rows, err := db.Query(ctx, ClaimDueLeavingNew,
 		arg.Lease,
 		arg.ClaimedBy,
 		arg.LeaveNew,
@@ -115,7 +115,7 @@ func (q *Queries) ClaimDueLeavingNew(ctx context.Context, db DBTX, arg ClaimDueL
 	return items, nil
 }
 
-const claimStreamed = `-- name: ClaimStreamed :many
+const ClaimStreamed = `-- name: ClaimStreamed :many
 UPDATE outbox o
 SET available_at = now() + $1::interval,
     lease_token  = gen_random_uuid(),
@@ -171,7 +171,7 @@ type ClaimStreamedRow struct {
 // that runs out, or a lock whose transaction rolls back, leaves the row
 // due for the poll.
 func (q *Queries) ClaimStreamed(ctx context.Context, db DBTX, arg ClaimStreamedParams) ([]ClaimStreamedRow, error) {
-	rows, err := db.Query(ctx, claimStreamed,
+	rows, err := db.Query(ctx, ClaimStreamed,
 		arg.Lease,
 		arg.ClaimedBy,
 		arg.Ids,
@@ -209,7 +209,7 @@ func (q *Queries) ClaimStreamed(ctx context.Context, db DBTX, arg ClaimStreamedP
 	return items, nil
 }
 
-const visibleOutboxIDs = `-- name: VisibleOutboxIDs :many
+const VisibleOutboxIDs = `-- name: VisibleOutboxIDs :many
 SELECT id FROM outbox WHERE id = ANY($1::bigint[])
 `
 
@@ -220,7 +220,7 @@ SELECT id FROM outbox WHERE id = ANY($1::bigint[])
 // ClaimStreamed did not return is claimed once more, and settled only if
 // that claim, begun after this query saw the row, misses it too.
 func (q *Queries) VisibleOutboxIDs(ctx context.Context, db DBTX, ids []int64) ([]int64, error) {
-	rows, err := db.Query(ctx, visibleOutboxIDs, ids)
+	rows, err := db.Query(ctx, VisibleOutboxIDs, ids)
 	if err != nil {
 		return nil, err
 	}

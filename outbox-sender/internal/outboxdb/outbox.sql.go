@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const claimDue = `-- name: ClaimDue :many
+const ClaimDue = `-- name: ClaimDue :many
 
 UPDATE outbox o
 SET state        = 'pending',
@@ -77,7 +77,7 @@ type ClaimDueRow struct {
 // too (SENDER_TRANSPORT=nats): claimed, it is pending again, and published
 // once more under the same key.
 func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]ClaimDueRow, error) {
-	rows, err := db.Query(ctx, claimDue,
+	rows, err := db.Query(ctx, ClaimDue,
 		arg.Lease,
 		arg.ClaimedBy,
 		arg.BatchSize,
@@ -115,7 +115,7 @@ func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]
 	return items, nil
 }
 
-const linkStudents = `-- name: LinkStudents :many
+const LinkStudents = `-- name: LinkStudents :many
 WITH answers AS (
     SELECT unnest($1::bigint[]) AS outbox_id, unnest($2::uuid[]) AS student_id,
            unnest($3::uuid[]) AS user_id, unnest($4::text[]) AS conflict_error
@@ -183,7 +183,7 @@ type LinkStudentsRow struct {
 // is the truth, so it also wins over a dead-letter written meanwhile by
 // another sender (for age, say): the user exists.
 func (q *Queries) LinkStudents(ctx context.Context, db DBTX, arg LinkStudentsParams) ([]LinkStudentsRow, error) {
-	rows, err := db.Query(ctx, linkStudents,
+	rows, err := db.Query(ctx, LinkStudents,
 		arg.OutboxIds,
 		arg.StudentIds,
 		arg.UserIds,
@@ -207,7 +207,7 @@ func (q *Queries) LinkStudents(ctx context.Context, db DBTX, arg LinkStudentsPar
 	return items, nil
 }
 
-const markDead = `-- name: MarkDead :many
+const MarkDead = `-- name: MarkDead :many
 UPDATE outbox o
 SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
 FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
@@ -227,7 +227,7 @@ type MarkDeadParams struct {
 // ScheduleRetries. (A conflict, which is a fact about the key rather than
 // about a lease, is dead-lettered by LinkStudents.)
 func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) ([]int64, error) {
-	rows, err := db.Query(ctx, markDead,
+	rows, err := db.Query(ctx, MarkDead,
 		arg.Ids,
 		arg.LeaseTokens,
 		arg.Errors,
@@ -251,7 +251,7 @@ func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) ([]
 	return items, nil
 }
 
-const outboxStats = `-- name: OutboxStats :one
+const OutboxStats = `-- name: OutboxStats :one
 SELECT count(*) FILTER (WHERE state = 'pending')   AS pending,
        count(*) FILTER (WHERE state = 'published') AS published,
        count(*) FILTER (WHERE state = 'delivered') AS delivered,
@@ -278,7 +278,7 @@ type OutboxStatsRow struct {
 // The partial index keeps the pending side cheap; the totals are a full
 // count, fine at scrape intervals for a reference system.
 func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (OutboxStatsRow, error) {
-	row := db.QueryRow(ctx, outboxStats)
+	row := db.QueryRow(ctx, OutboxStats)
 	var i OutboxStatsRow
 	err := row.Scan(
 		&i.Pending,
@@ -291,7 +291,7 @@ func (q *Queries) OutboxStats(ctx context.Context, db DBTX) (OutboxStatsRow, err
 	return i, err
 }
 
-const purgeDelivered = `-- name: PurgeDelivered :execrows
+const PurgeDelivered = `-- name: PurgeDelivered :execrows
 DELETE FROM outbox
 WHERE id IN (
     SELECT old.id FROM outbox old
@@ -311,14 +311,14 @@ type PurgeDeliveredParams struct {
 // their history, by cascade). Dead rows are never purged: a person must
 // look at them. SKIP LOCKED lets several senders purge side by side.
 func (q *Queries) PurgeDelivered(ctx context.Context, db DBTX, arg PurgeDeliveredParams) (int64, error) {
-	result, err := db.Exec(ctx, purgeDelivered, arg.Retention, arg.BatchSize)
+	result, err := db.Exec(ctx, PurgeDelivered, arg.Retention, arg.BatchSize)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const recordEvents = `-- name: RecordEvents :exec
+const RecordEvents = `-- name: RecordEvents :exec
 WITH trimmed AS (
     DELETE FROM outbox_events old
     USING (
@@ -374,7 +374,7 @@ type RecordEventsParams struct {
 // the conflict, with the error given for that case. A delivery that was
 // recorded has no error.
 func (q *Queries) RecordEvents(ctx context.Context, db DBTX, arg RecordEventsParams) error {
-	_, err := db.Exec(ctx, recordEvents,
+	_, err := db.Exec(ctx, RecordEvents,
 		arg.Kind,
 		arg.Actor,
 		arg.OutboxIds,
@@ -388,7 +388,7 @@ func (q *Queries) RecordEvents(ctx context.Context, db DBTX, arg RecordEventsPar
 	return err
 }
 
-const release = `-- name: Release :execrows
+const Release = `-- name: Release :execrows
 UPDATE outbox o
 SET available_at = now(), lease_token = NULL, claimed_by = NULL, attempts = GREATEST(o.attempts - 1, 0)
 FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token) d
@@ -403,14 +403,14 @@ type ReleaseParams struct {
 // Hands claimed but unsent rows back at shutdown: due now, and the claim
 // does not count as an attempt.
 func (q *Queries) Release(ctx context.Context, db DBTX, arg ReleaseParams) (int64, error) {
-	result, err := db.Exec(ctx, release, arg.Ids, arg.LeaseTokens)
+	result, err := db.Exec(ctx, Release, arg.Ids, arg.LeaseTokens)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const scheduleRetries = `-- name: ScheduleRetries :many
+const ScheduleRetries = `-- name: ScheduleRetries :many
 UPDATE outbox o
 SET available_at = LEAST(now() + d.delay, o.age_from + $1::interval),
     last_error = d.error, reason_class = d.reason_class, lease_token = NULL
@@ -434,7 +434,7 @@ type ScheduleRetriesParams struct {
 // lease expired and was taken over leaves the row to its new owner. A row
 // never sleeps past its max age: it is claimed then, and dead-lettered.
 func (q *Queries) ScheduleRetries(ctx context.Context, db DBTX, arg ScheduleRetriesParams) ([]int64, error) {
-	rows, err := db.Query(ctx, scheduleRetries,
+	rows, err := db.Query(ctx, ScheduleRetries,
 		arg.MaxAge,
 		arg.Ids,
 		arg.LeaseTokens,

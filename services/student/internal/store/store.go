@@ -9,10 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/database"
@@ -85,8 +87,7 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
 // AnswerFunc turns what creating a student produced (the student, or
 // ErrDocumentTaken) into the answer for the client, stored under the
-// client's key when it sent one. Without a key it runs after the commit,
-// so its error no longer undoes the student.
+// client's key when it sent one.
 type AnswerFunc func(Student, error) (inbox.Outcome, error)
 
 // CreateStudent writes the student and its create-user outbox row in one
@@ -95,79 +96,68 @@ type AnswerFunc func(Student, error) (inbox.Outcome, error)
 // call is a new operation. Once a new row is committed, the sender is woken
 // for it.
 func (s *Store) CreateStudent(ctx context.Context, caller, key string, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
-	// The request's trace context, read here: inside the inbox the
-	// context also carries the inbox transaction's span, and the
-	// deliveries belong under the request, keyed or not.
 	row, err := newStudentRow(p, telemetry.TraceParent(ctx))
 	if err != nil {
 		return inbox.Outcome{}, false, err
 	}
+	st := Student{
+		ID: row.ID, Name: row.Name, Email: row.Email, DocumentNumber: row.DocumentNumber,
+		CreatedAt: row.CreatedAt, OutboxState: outbox.StatePending,
+	}
 	if key == "" {
-		out, err = s.createOnce(ctx, row, answer)
+		out, err = s.createOnce(ctx, row, st, answer)
 		return out, false, err
 	}
-	// Set by the transaction that wrote the outbox row; rode: its commit
-	// carries the sender's wake-up (outboxwake.Notifier.Ride).
-	wrote, rode := false, false
-	op := func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-		st, err := studentOf(s.q.InsertStudentWithOutbox(ctx, tx, row))
-		if err != nil && !errors.Is(err, ErrDocumentTaken) {
-			return inbox.Outcome{}, err
-		}
-		wrote = err == nil
-		if wrote {
-			rode = s.ride(tx)
-		}
-		return answer(st, err)
+	created, err := answer(st, nil)
+	if err != nil {
+		return inbox.Outcome{}, false, err
 	}
+	insert := &pgx.Batch{}
+	// InsertStudentWithOutbox's text, with its parameters in sqlc's order
+	// (InsertStudentWithOutboxParams).
+	insert.Queue(studentdb.InsertStudentWithOutbox, row.IdempotencyKey, row.Operation, row.Payload, row.TraceParent,
+		row.ID, row.Name, row.Email, row.DocumentNumber, row.CreatedAt)
 	// Keys are scoped to their caller, as in Users.
-	out, replayed, err = s.Inbox.Do(ctx, inbox.Key{Caller: caller, Value: key}, p.Fields(), op)
-	if err == nil && wrote && !rode {
-		s.Wake.Kick()
+	k := inbox.Key{Caller: caller, Value: key}
+	out, replayed, err = s.Inbox.Do(ctx, k, p.Fields(), inbox.Op{Outcome: created, Effect: insert})
+	if !documentTaken(err) {
+		if err == nil && !replayed {
+			s.Wake.Kick()
+		}
+		return out, replayed, err
 	}
-	return out, replayed, err
+	// The number is taken: the refusal is the answer, stored under the key.
+	refused, err := answer(Student{}, ErrDocumentTaken)
+	if err != nil {
+		return inbox.Outcome{}, false, err
+	}
+	return s.Inbox.Do(ctx, k, p.Fields(), inbox.Op{Outcome: refused})
 }
 
 // createOnce is CreateStudent without a key: each call a new operation,
-// whose answer nothing stores. Its one statement rides with COMMIT
-// (database.Tx.RunAtCommit), so the request costs one round trip, not
-// two: nothing the transaction sends depends on the statement's answer.
-// The wake-up rides too, decided before the answer is known: a document
-// number already taken costs the sender a claim that finds nothing.
-func (s *Store) createOnce(ctx context.Context, row studentdb.InsertStudentWithOutboxParams, answer AnswerFunc) (inbox.Outcome, error) {
-	var (
-		inserted  studentdb.InsertStudentWithOutboxRow
-		insertErr error
-		rode      bool
-	)
-	_, err := s.Inbox.Once(ctx, func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-		tx.RunAtCommit(func(db database.DBTX) { inserted, insertErr = s.q.InsertStudentWithOutbox(ctx, db, row) })
-		rode = s.ride(tx)
-		return inbox.Outcome{}, nil
-	})
-	if err != nil {
-		return inbox.Outcome{}, err
+// whose answer nothing stores. Its one statement goes out behind the lock
+// timeout that bounds a wait for the same document number, as the inbox's
+// does: one batch, one implicit transaction.
+func (s *Store) createOnce(ctx context.Context, row studentdb.InsertStudentWithOutboxParams, st Student, answer AnswerFunc) (inbox.Outcome, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(s.Inbox.LockTimeout.Milliseconds(), 10)+"ms")
+	b.Queue(studentdb.InsertStudentWithOutbox, row.IdempotencyKey, row.Operation, row.Payload, row.TraceParent,
+		row.ID, row.Name, row.Email, row.DocumentNumber, row.CreatedAt)
+	err := s.pool.SendBatch(ctx, b).Close()
+	switch {
+	case documentTaken(err):
+		return answer(Student{}, ErrDocumentTaken)
+	case lockTimeout(err):
+		// Another request is inserting the same document number, and did
+		// not finish within the wait.
+		return inbox.Outcome{}, fmt.Errorf("%w: %w", inbox.ErrConflictInProgress, err)
+	case err != nil:
+		return inbox.Outcome{}, database.Classify(fmt.Errorf("insert student and outbox row: %w", err))
 	}
-	st, err := studentOf(inserted, insertErr)
-	if err != nil && !errors.Is(err, ErrDocumentTaken) {
-		// Committed, but the answer could not be read: the client may
-		// try again, and the document number then answers it.
-		return inbox.Outcome{}, err
-	}
-	if err == nil && !rode {
-		s.Wake.Kick()
-	}
-	return answer(st, err)
-}
-
-// ride has tx's commit carry the sender's wake-up when it may
-// (outboxwake.Notifier.Ride); a wake-up that fails is sent apart.
-func (s *Store) ride(tx *database.Tx) bool {
-	wake, ok := s.Wake.Ride()
-	if ok {
-		tx.AfterCommit(wake, func(error) { s.Wake.Kick() })
-	}
-	return ok
+	s.Wake.Kick()
+	return answer(st, nil)
 }
 
 // newStudentRow is the outbox half of the pattern: the student and the
@@ -184,25 +174,24 @@ func newStudentRow(p person.Person, traceParent string) (studentdb.InsertStudent
 	}
 	return studentdb.InsertStudentWithOutboxParams{
 		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
+		// PostgreSQL keeps microseconds: the answer shows what is stored.
+		CreatedAt:      time.Now().UTC().Truncate(time.Microsecond),
 		IdempotencyKey: uuid.New(), Operation: outbox.OperationCreateUser, Payload: payload,
 		// The sender continues this request's trace on every delivery.
 		TraceParent: traceParent,
 	}, nil
 }
 
-// studentOf is what InsertStudentWithOutbox answered, as a Student or
-// ErrDocumentTaken.
-func studentOf(st studentdb.InsertStudentWithOutboxRow, err error) (Student, error) {
-	if errors.Is(err, pgx.ErrNoRows) { // ON CONFLICT DO NOTHING: neither row was written
-		return Student{}, ErrDocumentTaken
-	}
-	if err != nil {
-		return Student{}, fmt.Errorf("insert student and outbox row: %w", err)
-	}
-	return Student{
-		ID: st.ID, Name: st.Name, Email: st.Email, DocumentNumber: st.DocumentNumber,
-		CreatedAt: st.CreatedAt, OutboxState: outbox.StatePending,
-	}, nil
+// documentTaken: err is Student's rule, one student per document number,
+// refusing the insert.
+func documentTaken(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "students_document_number_key"
+}
+
+func lockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
 // Student returns the student with id, or ErrNotFound.

@@ -55,26 +55,3 @@ func TestNewRowsWakeTheSender(t *testing.T) {
 	create("k2", "111-1")
 	require.False(t, notified(), "a taken document number wrote nothing")
 }
-
-// TestCommitCarriesTheWakeUp: a student's commit carries its notification
-// in the commit's round trip, with no notifier running and no round trip
-// of its own; without a key, that is the request's only round trip.
-func TestCommitCarriesTheWakeUp(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	url := pgtest.URL(t, migrations.Student)
-	pool, trips := pgtest.TracedPool(t, url, migrations.StudentApp)
-	s := New(pool, time.Second, 5*time.Second)
-	listener := pgtest.Listen(t, url, migrations.OutboxSender, outboxwake.Channel)
-	answer := func(st Student, err error) (inbox.Outcome, error) {
-		return inbox.Outcome{Status: http.StatusCreated, Body: []byte(`{}`), ResourceID: st.ID}, err
-	}
-
-	trips.Take()
-	_, _, err := s.CreateStudent(ctx, "client", "", person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: "111-1"}, answer)
-	require.NoError(t, err)
-	got := trips.Take()
-	require.Len(t, got, 1, "BEGIN, the insert, COMMIT and the notification in one round trip")
-	require.Contains(t, got[0], "pg_notify")
-	require.Positive(t, listener.Count(2*time.Second), "the commit woke the sender")
-}

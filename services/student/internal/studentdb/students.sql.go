@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const getStudent = `-- name: GetStudent :one
+const GetStudent = `-- name: GetStudent :one
 SELECT s.id, s.name, s.email, s.document_number, s.user_id, s.created_at, s.updated_at,
        o.state AS outbox_state, o.attempts, o.reason_class, o.redrives, o.redriven_at
 FROM students s
@@ -39,7 +39,7 @@ type GetStudentRow struct {
 // reason_class, never last_error: the full error names hosts and addresses
 // and is for operators (the sender's admin API), not for Student's clients.
 func (q *Queries) GetStudent(ctx context.Context, db DBTX, id uuid.UUID) (GetStudentRow, error) {
-	row := db.QueryRow(ctx, getStudent, id)
+	row := db.QueryRow(ctx, GetStudent, id)
 	var i GetStudentRow
 	err := row.Scan(
 		&i.ID,
@@ -58,78 +58,55 @@ func (q *Queries) GetStudent(ctx context.Context, db DBTX, id uuid.UUID) (GetStu
 	return i, err
 }
 
-const insertStudentWithOutbox = `-- name: InsertStudentWithOutbox :one
+const InsertStudentWithOutbox = `-- name: InsertStudentWithOutbox :exec
 WITH student AS (
-    INSERT INTO students (id, name, email, document_number)
-    VALUES ($1, $2, $3, $4)
-    ON CONFLICT (document_number) DO NOTHING
-    RETURNING id, name, email, document_number, user_id, created_at, updated_at
-), outbox_row AS (
-    INSERT INTO outbox (idempotency_key, operation, student_id, payload, trace_parent)
-    SELECT $5::uuid, $6::text, student.id, $7::jsonb, NULLIF($8::text, '')
-    FROM student
+    INSERT INTO students (id, name, email, document_number, created_at, updated_at)
+    VALUES ($5, $6, $7, $8, $9, $9)
+    RETURNING id
 )
-SELECT id, name, email, document_number, user_id, created_at, updated_at
+INSERT INTO outbox (idempotency_key, operation, student_id, payload, trace_parent)
+SELECT $1::uuid, $2::text, student.id, $3::jsonb, NULLIF($4::text, '')
 FROM student
 `
 
 type InsertStudentWithOutboxParams struct {
-	ID             uuid.UUID
-	Name           string
-	Email          string
-	DocumentNumber string
 	IdempotencyKey uuid.UUID
 	Operation      string
 	Payload        []byte
 	TraceParent    string
-}
-
-type InsertStudentWithOutboxRow struct {
 	ID             uuid.UUID
 	Name           string
 	Email          string
 	DocumentNumber string
-	UserID         uuid.NullUUID
 	CreatedAt      time.Time
-	UpdatedAt      time.Time
 }
 
 // The outbox half of the pattern, in one statement: the student and the
-// create-user outbox row that asks Users for its user. Both inserts are in
-// the caller's transaction, so both commit or neither does. ON CONFLICT
-// keeps the transaction usable when the document number is taken: no
-// student is inserted, so the outbox insert selects no row either, no row
-// comes back and the handler answers 409. PostgreSQL runs a data-modifying
-// WITH to completion whether or not the main query reads it, so the outbox
-// row is written although only the student is returned (student_app may not
-// read the outbox row back: its payload is the sender's). trace_parent is
-// the request's W3C traceparent, ” (stored as NULL) when tracing is off:
-// the sender continues that trace on every delivery attempt.
-func (q *Queries) InsertStudentWithOutbox(ctx context.Context, db DBTX, arg InsertStudentWithOutboxParams) (InsertStudentWithOutboxRow, error) {
-	row := db.QueryRow(ctx, insertStudentWithOutbox,
-		arg.ID,
-		arg.Name,
-		arg.Email,
-		arg.DocumentNumber,
+// create-user outbox row that asks Users for its user, so both commit or
+// neither does. PostgreSQL runs a data-modifying WITH to completion, and
+// the outbox row takes the student's id from its RETURNING. Student's own
+// rule, one student per document number, is a unique index: a number
+// already taken fails the statement, and neither row is written. The id and
+// created_at come from Student, which answers with them before the
+// statement's result is known (the inbox stores that answer with the
+// key). trace_parent is the request's W3C traceparent, ” (stored as NULL)
+// when tracing is off: the sender continues that trace on every delivery.
+func (q *Queries) InsertStudentWithOutbox(ctx context.Context, db DBTX, arg InsertStudentWithOutboxParams) error {
+	_, err := db.Exec(ctx, InsertStudentWithOutbox,
 		arg.IdempotencyKey,
 		arg.Operation,
 		arg.Payload,
 		arg.TraceParent,
+		arg.ID,
+		arg.Name,
+		arg.Email,
+		arg.DocumentNumber,
+		arg.CreatedAt,
 	)
-	var i InsertStudentWithOutboxRow
-	err := row.Scan(
-		&i.ID,
-		&i.Name,
-		&i.Email,
-		&i.DocumentNumber,
-		&i.UserID,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-	)
-	return i, err
+	return err
 }
 
-const listStudents = `-- name: ListStudents :many
+const ListStudents = `-- name: ListStudents :many
 SELECT s.id, s.name, s.email, s.document_number, s.user_id, s.created_at, s.updated_at,
        o.state AS outbox_state, o.attempts, o.reason_class, o.redrives, o.redriven_at
 FROM students s
@@ -162,11 +139,11 @@ type ListStudentsRow struct {
 
 // Keyset pagination over (created_at, id): no repeats or gaps among the
 // rows that existed when paging began, and as fast on page 1,000 as on
-// page 1. created_at is the inserting transaction's start, so a student
-// committed after a client paged past that time is not shown to that
-// client; a feed that must miss nothing would page by commit order.
+// page 1. created_at is Student's clock just before the insert, so a
+// student committed after a client paged past that time is not shown to
+// that client; a feed that must miss nothing would page by commit order.
 func (q *Queries) ListStudents(ctx context.Context, db DBTX, arg ListStudentsParams) ([]ListStudentsRow, error) {
-	rows, err := db.Query(ctx, listStudents, arg.AfterCreatedAt, arg.AfterID, arg.PageSize)
+	rows, err := db.Query(ctx, ListStudents, arg.AfterCreatedAt, arg.AfterID, arg.PageSize)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/inbox"
@@ -45,8 +46,8 @@ func (s *Store) CreateUserReplying(ctx context.Context, key inbox.Key, p person.
 }
 
 // queueReply queues the answer row of reply (nil for none), which carries
-// out, into later: it is written in the operation's transaction.
-func (s *Store) queueReply(ctx context.Context, later *database.Later, reply *Reply, out inbox.Outcome) error {
+// out, into b: it is written in the operation's transaction.
+func queueReply(b *pgx.Batch, reply *Reply, out inbox.Outcome) error {
 	if reply == nil {
 		return nil
 	}
@@ -54,7 +55,8 @@ func (s *Store) queueReply(ctx context.Context, later *database.Later, reply *Re
 	if err != nil {
 		return err
 	}
-	_ = s.q.InsertAnswer(ctx, later, row) // queued: its error comes with the batch's
+	// InsertAnswer's text, with its parameters in sqlc's order (InsertAnswerParams).
+	b.Queue(usersdb.InsertAnswer, row.MessageID, row.IdempotencyKey, row.Subject, row.Payload, row.TraceParent)
 	return nil
 }
 
@@ -101,8 +103,7 @@ type PublishFunc func(ctx context.Context, answers []Answer) (published []int64,
 
 // RelayAnswers claims up to batch unpublished answers, oldest first and
 // skipping those another relay holds, publishes them, and marks those
-// acknowledged as published: two round trips, the claim with BEGIN and the
-// marks with COMMIT. The rows stay locked while they are published, so two
+// acknowledged as published, in one transaction. The rows stay locked while they are published, so two
 // relays never publish the same row at once; a relay that fails (or dies)
 // leaves them unpublished for the next claim. It returns how many answers
 // it claimed and how many it marked published. A publish that failed is
@@ -125,17 +126,17 @@ func (s *Store) RelayAnswers(ctx context.Context, batch int32, publish PublishFu
 var ErrPublish = errors.New("publish answers")
 
 func (s *Store) relay(ctx context.Context, batch int32, publish PublishFunc) (claimed, published int, pubErr, err error) {
-	tx, err := database.Begin(ctx, s.pool, nil)
-	defer tx.End(ctx)
+	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return 0, 0, nil, fmt.Errorf("relay answers: %w", err)
 	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it does nothing; a failed one ends the connection
 	rows, err := s.q.ClaimAnswers(ctx, tx, batch)
 	if err != nil {
 		return 0, 0, nil, fmt.Errorf("claim answers: %w", err)
 	}
 	if len(rows) == 0 {
-		return 0, 0, nil, tx.Commit(ctx, nil)
+		return 0, 0, nil, tx.Commit(ctx)
 	}
 	answers := make([]Answer, len(rows))
 	for i, r := range rows {
@@ -153,10 +154,11 @@ func (s *Store) relay(ctx context.Context, batch int32, publish PublishFunc) (cl
 	}
 	// What was acknowledged is marked even when the rest failed: the
 	// broker holds it, and publishing it again would only be filtered.
-	last := &database.Later{}
-	_ = s.q.MarkAnswersPublished(ctx, last, ids)
-	if err := tx.Commit(ctx, &last.Batch); err != nil {
+	if err := s.q.MarkAnswersPublished(ctx, tx, ids); err != nil {
 		return len(rows), 0, pubErr, fmt.Errorf("mark answers published: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return len(rows), 0, pubErr, fmt.Errorf("commit: %w", err)
 	}
 	return len(rows), len(ids), pubErr, nil
 }

@@ -69,133 +69,55 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 type AnswerFunc func(userID uuid.UUID, err error) (inbox.Outcome, error)
 
 // CreateUser is the create-user operation, at most once per key in its
-// caller's scope: the user (or the refusal) and the answer stored under key
-// commit in one transaction. A repeat of key from the same caller gets the
-// stored answer, with replayed set.
+// caller's scope: the user and the answer stored under key commit in one
+// transaction. A repeat of key from the same caller gets the stored answer,
+// with replayed set.
 func (s *Store) CreateUser(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc) (out inbox.Outcome, replayed bool, err error) {
 	return s.create(ctx, key, p, answer, nil)
 }
 
-// create runs the create-user operation under key, first expecting the
-// key to be new and the document number free, as they nearly always are.
-// Then the answer is known before anything runs (the new user's id is made
-// here), and the key with its answer, the user and COMMIT go out together:
-// one round trip (Inbox.DoKnown). Otherwise that first try changes
-// nothing, and the operation goes on in the inbox's own transactions
-// (Do): a key already used is replayed, and a document number taken is
-// refused, with that refusal stored under the key. reply (nil for none) is
-// the answer row for a broker command, written in the same transaction.
+// create is the create-user operation from key to commit. The new user's
+// id is made here, so the answer is known before the user is inserted, and
+// the inbox stores the key with that answer ahead of the insert, in one
+// transaction and one round trip (inbox.Do). The business rule, one enabled
+// user per document number, is a unique index: when the number is taken,
+// the insert fails and nothing of that transaction stays, the key
+// included. The refusal is then the answer, stored under the key in a
+// transaction of its own, and a repeat of the key gets it back as it
+// would the user. reply (nil for none) is the answer row of a broker
+// command, written in the same transaction as the answer it carries.
 func (s *Store) create(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, bool, error) {
-	if crashpoint.Pausing(crashpoint.UsersInInboxTx) {
-		// The fault suite holds Users inside the transaction, after the
-		// key's claim: the steps go apart so that there is such a moment.
-		return s.createInSteps(ctx, key, p, answer, reply)
-	}
-	out, effect, err := s.newUser(ctx, p, answer, reply)
+	id := uuid.Must(uuid.NewV7())
+	created, err := answer(id, nil)
 	if err != nil {
 		return inbox.Outcome{}, false, err
 	}
-	switch err := s.Inbox.DoKnown(ctx, key, p.Fields(), out, effect.QueuedQueries); {
-	case err == nil:
-		return out, false, nil
-	case documentTaken(err):
-		return s.refuse(ctx, key, p, answer, reply)
-	case !errors.Is(err, inbox.ErrKeyUsed):
+	insert := &pgx.Batch{}
+	// InsertUser's text, with its parameters in sqlc's order (InsertUserParams).
+	insert.Queue(usersdb.InsertUser, id, p.Name, p.Email, p.DocumentNumber)
+	if err := queueReply(insert, reply, created); err != nil {
 		return inbox.Outcome{}, false, err
 	}
-	return s.createInSteps(ctx, key, p, answer, reply)
-}
-
-// createInSteps runs the create-user operation in the inbox's transaction:
-// the key's claim first, then, if the key was new, the user, the stored
-// answer and COMMIT together (two round trips), or else the stored answer
-// replayed. It is what create falls back on when the key is already used.
-// If the document number is taken, the insert fails and nothing of that
-// transaction stays, the key's claim included, and refuse stores the
-// refusal in a transaction of its own.
-func (s *Store) createInSteps(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, bool, error) {
-	out, replayed, err := s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-		crashpoint.Pause(crashpoint.UsersInInboxTx)
-		out, later, err := s.newUser(ctx, p, answer, reply)
-		if err != nil {
-			return inbox.Outcome{}, err
-		}
-		tx.WithCommit(&later.Batch)
-		return out, nil
-	})
+	crashpoint.Pause(crashpoint.UsersBeforeInbox)
+	out, replayed, err := s.Inbox.Do(ctx, key, p.Fields(), inbox.Op{Outcome: created, Effect: insert})
 	if !documentTaken(err) {
 		return out, replayed, err
 	}
-	return s.refuse(ctx, key, p, answer, reply)
-}
-
-// refuse runs the create-user operation for a document number that a
-// first try found taken, in a transaction whose statements wait for their
-// answers: the key's claim, the insert that the business rule refuses (or,
-// if the number came free meanwhile, the user), and the answer stored with
-// COMMIT. Between the first try and this one the key is free: a repeat of
-// it that commits there is replayed here, and one with other fields takes
-// the key, so this request gets the mismatch although it came first (as it
-// would had it come second).
-func (s *Store) refuse(ctx context.Context, key inbox.Key, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, bool, error) {
-	return s.Inbox.Do(ctx, key, p.Fields(), func(ctx context.Context, tx *database.Tx) (inbox.Outcome, error) {
-		u, err := s.insertUser(ctx, tx, p)
-		if err != nil && !errors.Is(err, ErrDocumentTaken) {
-			return inbox.Outcome{}, err
-		}
-		out, err := answer(u.ID, err)
-		if err != nil {
-			return inbox.Outcome{}, err
-		}
-		later := &database.Later{}
-		if err := s.queueReply(ctx, later, reply, out); err != nil {
-			return inbox.Outcome{}, err
-		}
-		tx.WithCommit(&later.Batch)
-		return out, nil
-	})
-}
-
-// newUser is a first try's work, which expects the document number free:
-// the new user's id, made here, so that its answer is known before the
-// insert runs, and the statements that write it, queued (the user
-// without ON CONFLICT, and reply's answer row). Their errors come with
-// the batch they go out in.
-func (s *Store) newUser(ctx context.Context, p person.Person, answer AnswerFunc, reply *Reply) (inbox.Outcome, *database.Later, error) {
-	id := uuid.Must(uuid.NewV7())
-	out, err := answer(id, nil)
+	refused, err := answer(uuid.Nil, ErrDocumentTaken)
 	if err != nil {
-		return inbox.Outcome{}, nil, err
+		return inbox.Outcome{}, false, err
 	}
-	later := &database.Later{}
-	_ = s.q.InsertNewUser(ctx, later, usersdb.InsertNewUserParams{
-		ID: id, Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
-	})
-	if err := s.queueReply(ctx, later, reply, out); err != nil {
-		return inbox.Outcome{}, nil, err
+	refusal := &pgx.Batch{}
+	if err := queueReply(refusal, reply, refused); err != nil {
+		return inbox.Outcome{}, false, err
 	}
-	return out, later, nil
+	return s.Inbox.Do(ctx, key, p.Fields(), inbox.Op{Outcome: refused, Effect: refusal})
 }
 
-// documentTaken: err is InsertNewUser's refusal by the business rule.
+// documentTaken: err is InsertUser's refusal by the business rule.
 func documentTaken(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "users_one_enabled_per_document"
-}
-
-// insertUser applies the business rule in the database: the partial unique
-// index on enabled users' document numbers.
-func (s *Store) insertUser(ctx context.Context, tx *database.Tx, p person.Person) (User, error) {
-	u, err := s.q.InsertUser(ctx, tx, usersdb.InsertUserParams{
-		ID: uuid.Must(uuid.NewV7()), Name: p.Name, Email: p.Email, DocumentNumber: p.DocumentNumber,
-	})
-	if errors.Is(err, pgx.ErrNoRows) { // ON CONFLICT DO NOTHING returned no row
-		return User{}, ErrDocumentTaken
-	}
-	if err != nil {
-		return User{}, fmt.Errorf("insert user: %w", err)
-	}
-	return User(u), nil
 }
 
 // User returns the user with id, or ErrNotFound.

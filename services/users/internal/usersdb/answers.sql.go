@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-const claimAnswers = `-- name: ClaimAnswers :many
+const ClaimAnswers = `-- name: ClaimAnswers :many
 SELECT id, message_id, idempotency_key, subject, payload, trace_parent
 FROM answers
 WHERE published_at IS NULL
@@ -33,7 +33,7 @@ type ClaimAnswersRow struct {
 // SKIP LOCKED: several Users processes relay side by side, each its own
 // rows; the lock holds until the relay marks them published or rolls back.
 func (q *Queries) ClaimAnswers(ctx context.Context, db DBTX, batchSize int32) ([]ClaimAnswersRow, error) {
-	rows, err := db.Query(ctx, claimAnswers, batchSize)
+	rows, err := db.Query(ctx, ClaimAnswers, batchSize)
 	if err != nil {
 		return nil, err
 	}
@@ -59,18 +59,18 @@ func (q *Queries) ClaimAnswers(ctx context.Context, db DBTX, batchSize int32) ([
 	return items, nil
 }
 
-const countUnpublishedAnswers = `-- name: CountUnpublishedAnswers :one
+const CountUnpublishedAnswers = `-- name: CountUnpublishedAnswers :one
 SELECT count(*) FROM answers WHERE published_at IS NULL
 `
 
 func (q *Queries) CountUnpublishedAnswers(ctx context.Context, db DBTX) (int64, error) {
-	row := db.QueryRow(ctx, countUnpublishedAnswers)
+	row := db.QueryRow(ctx, CountUnpublishedAnswers)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
 }
 
-const insertAnswer = `-- name: InsertAnswer :exec
+const InsertAnswer = `-- name: InsertAnswer :exec
 
 INSERT INTO answers (message_id, idempotency_key, subject, payload, trace_parent)
 VALUES ($1, $2, $3, $4, $5)
@@ -91,7 +91,7 @@ type InsertAnswerParams struct {
 // refusal the inbox does not store, redelivered; a replay of a key whose
 // answer row exists): one row, one reply.
 func (q *Queries) InsertAnswer(ctx context.Context, db DBTX, arg InsertAnswerParams) error {
-	_, err := db.Exec(ctx, insertAnswer,
+	_, err := db.Exec(ctx, InsertAnswer,
 		arg.MessageID,
 		arg.IdempotencyKey,
 		arg.Subject,
@@ -101,16 +101,16 @@ func (q *Queries) InsertAnswer(ctx context.Context, db DBTX, arg InsertAnswerPar
 	return err
 }
 
-const markAnswersPublished = `-- name: MarkAnswersPublished :exec
+const MarkAnswersPublished = `-- name: MarkAnswersPublished :exec
 UPDATE answers SET published_at = now() WHERE id = ANY($1::bigint[])
 `
 
 func (q *Queries) MarkAnswersPublished(ctx context.Context, db DBTX, ids []int64) error {
-	_, err := db.Exec(ctx, markAnswersPublished, ids)
+	_, err := db.Exec(ctx, MarkAnswersPublished, ids)
 	return err
 }
 
-const parkCommand = `-- name: ParkCommand :exec
+const ParkCommand = `-- name: ParkCommand :exec
 INSERT INTO parked_commands (stream, stream_sequence, subject, headers, data, reason, deliveries)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (stream, stream_sequence) DO NOTHING
@@ -127,7 +127,7 @@ type ParkCommandParams struct {
 }
 
 func (q *Queries) ParkCommand(ctx context.Context, db DBTX, arg ParkCommandParams) error {
-	_, err := db.Exec(ctx, parkCommand,
+	_, err := db.Exec(ctx, ParkCommand,
 		arg.Stream,
 		arg.StreamSequence,
 		arg.Subject,
@@ -139,7 +139,7 @@ func (q *Queries) ParkCommand(ctx context.Context, db DBTX, arg ParkCommandParam
 	return err
 }
 
-const purgePublishedAnswers = `-- name: PurgePublishedAnswers :execrows
+const PurgePublishedAnswers = `-- name: PurgePublishedAnswers :execrows
 DELETE FROM answers
 WHERE id IN (
     SELECT old.id FROM answers old
@@ -157,7 +157,7 @@ type PurgePublishedAnswersParams struct {
 // As the inbox's purge: a bounded batch per statement, by the database's
 // clock. Unpublished answers are never purged, however old.
 func (q *Queries) PurgePublishedAnswers(ctx context.Context, db DBTX, arg PurgePublishedAnswersParams) (int64, error) {
-	result, err := db.Exec(ctx, purgePublishedAnswers, arg.Retention, arg.BatchSize)
+	result, err := db.Exec(ctx, PurgePublishedAnswers, arg.Retention, arg.BatchSize)
 	if err != nil {
 		return 0, err
 	}

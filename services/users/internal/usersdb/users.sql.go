@@ -11,14 +11,14 @@ import (
 	"github.com/google/uuid"
 )
 
-const getUser = `-- name: GetUser :one
+const GetUser = `-- name: GetUser :one
 SELECT id, name, email, document_number, enabled, created_at
 FROM users
 WHERE id = $1
 `
 
 func (q *Queries) GetUser(ctx context.Context, db DBTX, id uuid.UUID) (User, error) {
-	row := db.QueryRow(ctx, getUser, id)
+	row := db.QueryRow(ctx, GetUser, id)
 	var i User
 	err := row.Scan(
 		&i.ID,
@@ -31,39 +31,9 @@ func (q *Queries) GetUser(ctx context.Context, db DBTX, id uuid.UUID) (User, err
 	return i, err
 }
 
-const insertNewUser = `-- name: InsertNewUser :exec
+const InsertUser = `-- name: InsertUser :exec
 INSERT INTO users (id, name, email, document_number)
 VALUES ($1, $2, $3, $4)
-`
-
-type InsertNewUserParams struct {
-	ID             uuid.UUID
-	Name           string
-	Email          string
-	DocumentNumber string
-}
-
-// The user of CreateUser's first try, which expects the document number to
-// be free: it goes out with the key and its stored answer, in one batch,
-// before its own answer is known, so it has no ON CONFLICT. When an enabled
-// user already holds the document number it fails (a unique violation of
-// users_one_enabled_per_document), the transaction with it, and nothing is
-// written: the store's refuse then stores the refusal with InsertUser.
-func (q *Queries) InsertNewUser(ctx context.Context, db DBTX, arg InsertNewUserParams) error {
-	_, err := db.Exec(ctx, insertNewUser,
-		arg.ID,
-		arg.Name,
-		arg.Email,
-		arg.DocumentNumber,
-	)
-	return err
-}
-
-const insertUser = `-- name: InsertUser :one
-INSERT INTO users (id, name, email, document_number)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (document_number) WHERE enabled DO NOTHING
-RETURNING id, name, email, document_number, enabled, created_at
 `
 
 type InsertUserParams struct {
@@ -73,24 +43,18 @@ type InsertUserParams struct {
 	DocumentNumber string
 }
 
-// ON CONFLICT names the partial unique index's predicate: when an enabled
-// user already holds the document number no row comes back, and the
-// transaction stays usable to store that outcome under the key.
-func (q *Queries) InsertUser(ctx context.Context, db DBTX, arg InsertUserParams) (User, error) {
-	row := db.QueryRow(ctx, insertUser,
+// The business rule is the partial unique index on enabled users' document
+// numbers: when an enabled user already holds the number, this insert fails
+// (a unique violation of users_one_enabled_per_document), and with it the
+// transaction it is in, so nothing of it is written. The store then stores
+// the refusal under the key instead. No ON CONFLICT: the statement goes out
+// with the key and its answer, in one batch, before its own result is known.
+func (q *Queries) InsertUser(ctx context.Context, db DBTX, arg InsertUserParams) error {
+	_, err := db.Exec(ctx, InsertUser,
 		arg.ID,
 		arg.Name,
 		arg.Email,
 		arg.DocumentNumber,
 	)
-	var i User
-	err := row.Scan(
-		&i.ID,
-		&i.Name,
-		&i.Email,
-		&i.DocumentNumber,
-		&i.Enabled,
-		&i.CreatedAt,
-	)
-	return i, err
+	return err
 }

@@ -17,16 +17,16 @@ import (
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
-// TestRoundTrips counts what a delivery sends to the database: each Exec,
-// Query, QueryRow and batch is one round trip, and a request waits for every
-// one of them, so a statement added to the path shows here. A first
-// delivery sends one batch: the lock timeout, the key with its answer and
-// the user, one implicit transaction. A replay's first try fails on the key
-// (one), and the inbox's transaction then reads the stored answer and
-// counts the replay with COMMIT (three). A document number already taken
-// fails the first try's insert (one), and a second transaction stores the
-// refusal: the claim, the insert, the outcome with COMMIT (three).
-func TestRoundTrips(t *testing.T) {
+// TestCreateUser runs the create-user operation's cases in order against
+// Users' database, as Users' app role: a new key, its replay, a document
+// number already taken (refused, and the refusal stored), that refusal's
+// replay, and a key reused with another request. Each case also counts the
+// round trips it cost (each Exec, Query, QueryRow and batch is one, and the
+// request waits for each): a new key is one batch, the key with its answer
+// and the user in one implicit transaction; a replay's batch fails on the
+// key, then the stored answer is read and the replay counted; a refusal's
+// batch fails on the user, then the refusal is stored with the key.
+func TestCreateUser(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := pgtest.URL(t, migrations.Users)
@@ -42,23 +42,45 @@ func TestRoundTrips(t *testing.T) {
 		}
 		return inbox.Outcome{Status: http.StatusCreated, Body: []byte(`{}`), ResourceID: id}, nil
 	}
-	deliver := func(key, doc string) []string {
-		t.Helper()
+	var firstUser uuid.UUID
+	for _, tc := range []struct {
+		name, key, name2, doc string
+		status                int
+		replayed              bool
+		mismatch              []string
+		trips                 int
+	}{
+		{name: "new key", key: "k1", name2: "Ada", doc: "111-1", status: http.StatusCreated, trips: 1},
+		{name: "replay", key: "k1", name2: "Ada", doc: "111-1", status: http.StatusCreated, replayed: true, trips: 1 + 2},
+		{name: "document number taken", key: "k2", name2: "Ada", doc: "111-1", status: http.StatusConflict, trips: 1 + 1},
+		{name: "replay of the refusal", key: "k2", name2: "Ada", doc: "111-1", status: http.StatusConflict, replayed: true, trips: 1 + 2},
+		{name: "key reused with another request", key: "k1", name2: "Grace", doc: "111-1", mismatch: []string{"name"}, trips: 1 + 1},
+	} {
 		trips.Take()
-		_, _, err := s.CreateUser(ctx, inbox.Key{Caller: "outbox-sender", Value: key},
-			person.Person{Name: "Ada", Email: "ada@example.com", DocumentNumber: doc}, answer)
-		require.NoError(t, err)
-		return trips.Take()
+		out, replayed, err := s.CreateUser(ctx, inbox.Key{Caller: "outbox-sender", Value: tc.key},
+			person.Person{Name: tc.name2, Email: "ada@example.com", DocumentNumber: tc.doc}, answer)
+		require.Len(t, trips.Take(), tc.trips, "%s: round trips", tc.name)
+		if tc.mismatch != nil {
+			var mismatch *inbox.MismatchError
+			require.ErrorAs(t, err, &mismatch, tc.name)
+			require.Equal(t, tc.mismatch, mismatch.Fields, tc.name)
+			continue
+		}
+		require.NoError(t, err, tc.name)
+		require.Equal(t, tc.status, out.Status, tc.name)
+		require.Equal(t, tc.replayed, replayed, tc.name)
+		if tc.key == "k1" {
+			if firstUser == uuid.Nil {
+				firstUser = out.ResourceID
+			}
+			require.Equal(t, firstUser, out.ResourceID, "%s: the answer names the one user", tc.name)
+		}
 	}
-
-	require.Len(t, deliver("k1", "111-1"), 1, "first delivery")
-	require.Len(t, deliver("k1", "111-1"), 1+3, "replay")
-	require.Len(t, deliver("k2", "111-1"), 1+3, "first delivery, document number taken")
-	require.Len(t, deliver("k2", "111-1"), 1+3, "replay of the refusal")
-	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM users"), "the failed first try left no user")
-	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM inbox WHERE idempotency_key = 'k2' AND status_code = 409 AND resource_id IS NULL"))
-	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM inbox i JOIN users u ON u.id = i.resource_id WHERE i.idempotency_key = 'k1' AND i.status_code = 201"),
-		"the first try's stored answer names the user it inserted")
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM users"), "one user, whatever was asked")
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM inbox WHERE idempotency_key = 'k2' AND status_code = 409 AND resource_id IS NULL AND replays = 1"),
+		"the refusal is stored under its key, and was replayed once")
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM inbox i JOIN users u ON u.id = i.resource_id WHERE i.idempotency_key = 'k1' AND i.status_code = 201 AND i.replays = 1"),
+		"the stored answer names the user it inserted")
 }
 
 // TestRoundTripsReplying: a command from the broker costs what a delivery
@@ -96,11 +118,11 @@ func TestRoundTripsReplying(t *testing.T) {
 	require.Len(t, sent, 1, "first delivery")
 	replayed, sent = deliver()
 	require.True(t, replayed)
-	require.Len(t, sent, 1+3+1, "the first try, the replay, then the answer row alone")
+	require.Len(t, sent, 1+2+1, "the first try, the replay, then the answer row alone")
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM answers WHERE published_at IS NULL"))
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM users"))
 
-	// The relay: the claim with BEGIN, the marks with COMMIT.
+	// The relay: BEGIN, the claim, the marks, COMMIT.
 	trips.Take()
 	claimed, published, err := s.RelayAnswers(ctx, 10, func(_ context.Context, as []Answer) ([]int64, error) {
 		require.Len(t, as, 1)
@@ -111,7 +133,7 @@ func TestRoundTripsReplying(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, claimed)
 	require.Equal(t, 1, published)
-	require.Len(t, trips.Take(), 2)
+	require.Len(t, trips.Take(), 4)
 	n, err := s.UnpublishedAnswers(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)

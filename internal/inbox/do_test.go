@@ -1,0 +1,146 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outboxref/db/migrations"
+	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/testkit/apitest"
+	"github.com/outboxref/outboxref/testkit/pgtest"
+)
+
+// TestDo runs inbox.Do's cases against Users' database, as Users' app role:
+// each case may first do something with the same key (before), then calls
+// Do once and checks what it answered and what the database holds after.
+func TestDo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.URL(t, migrations.Users)
+	admin := pgtest.Connect(t, dbURL)
+	ib := inbox.New(pgtest.ConnectAs(t, dbURL, migrations.UsersApp))
+	ib.LockTimeout = 300 * time.Millisecond
+
+	ada := inbox.Request{"name": "Ada", "document_number": "D1"}
+	// createUser is an operation that creates a user with document number
+	// doc, and answers 201 with the user's id.
+	createUser := func(doc string) inbox.Op {
+		id := uuid.New()
+		b := &pgx.Batch{}
+		b.Queue("INSERT INTO users (id, name, email, document_number) VALUES ($1, 'Ada', 'ada@example.com', $2)", id, doc)
+		return inbox.Op{Outcome: inbox.Outcome{Status: http.StatusCreated, Body: []byte(`{"userId":"` + id.String() + `"}`), ResourceID: id}, Effect: b}
+	}
+	refusal := inbox.Op{Outcome: inbox.Outcome{Status: http.StatusConflict, Body: []byte(`{"type":"document-taken"}`)}}
+	users := func(doc string) int {
+		return apitest.Count(t, admin, "SELECT count(*) FROM users WHERE document_number = $1", doc)
+	}
+	stored := func(key string) int {
+		return apitest.Count(t, admin, "SELECT count(*) FROM inbox WHERE idempotency_key = $1", key)
+	}
+	// hold runs sql in a transaction of the administrator's that stays
+	// open until end (nil: until the test ends) is called on it, at most a
+	// moment later, while Do waits.
+	hold := func(sql string, end func(pgx.Tx, context.Context) error) {
+		tx, err := admin.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		_, err = tx.Exec(ctx, sql)
+		require.NoError(t, err)
+		if end != nil {
+			time.AfterFunc(100*time.Millisecond, func() { _ = end(tx, ctx) })
+		}
+	}
+	holdKey := func(key string, end func(pgx.Tx, context.Context) error) {
+		hold(`INSERT INTO inbox (caller, idempotency_key, request_hash, request, status_code, response_body)
+			VALUES ('outbox-sender', '`+key+`', '\x00', '{"name":"Grace"}', 201, '{}')`, end)
+	}
+
+	for _, tc := range []struct {
+		name     string
+		before   func(key string) // nil for nothing
+		req      inbox.Request
+		op       func(doc string) inbox.Op
+		replayed bool
+		status   int   // the answer's, when err is nil
+		err      error // errors.Is, or the *MismatchError's fields below
+		fields   []string
+		users    int // users with the case's document number after
+		keys     int // rows of the case's key after
+	}{
+		{name: "a new key runs the operation and stores its answer", req: ada, op: createUser,
+			status: http.StatusCreated, users: 1, keys: 1},
+		{name: "a repeat gets the stored answer and runs nothing",
+			before: func(key string) { do(t, ib, key, ada, createUser(key)) },
+			req:    ada, op: createUser, replayed: true, status: http.StatusCreated, users: 1, keys: 1},
+		{name: "a key reused with another request names the differing fields",
+			before: func(key string) { do(t, ib, key, ada, createUser(key)) },
+			req:    inbox.Request{"name": "Grace", "document_number": "D1"}, op: createUser,
+			fields: []string{"name"}, users: 1, keys: 1},
+		{name: "a stored business refusal is replayed, even once the number is free",
+			before: func(key string) { do(t, ib, key, ada, refusal) },
+			req:    ada, op: createUser, replayed: true, status: http.StatusConflict, users: 0, keys: 1},
+		{name: "a key held past the lock timeout is in progress",
+			before: func(key string) { holdKey(key, nil) },
+			req:    ada, op: createUser, err: inbox.ErrKeyInProgress, users: 0, keys: 0},
+		{name: "a holder that rolls back while Do waits leaves the key to it",
+			before: func(key string) { holdKey(key, pgx.Tx.Rollback) },
+			req:    ada, op: createUser, status: http.StatusCreated, users: 1, keys: 1},
+		{name: "a holder that commits while Do waits is replayed, or here mismatched",
+			before: func(key string) { holdKey(key, pgx.Tx.Commit) },
+			req:    ada, op: createUser, fields: []string{"document_number", "name"}, users: 0, keys: 1},
+		{name: "a conflicting lock held past the lock timeout stores nothing",
+			before: func(key string) {
+				hold("INSERT INTO users (id, name, email, document_number) VALUES (gen_random_uuid(), 'X', 'x@example.com', '"+key+"')", nil)
+			},
+			req: ada, op: createUser, err: inbox.ErrConflictInProgress, users: 0, keys: 0},
+		{name: "a failed operation leaves no key",
+			before: func(key string) {
+				_, err := admin.Exec(ctx, "INSERT INTO users (id, name, email, document_number) VALUES (gen_random_uuid(), 'X', 'x@example.com', $1)", key)
+				require.NoError(t, err)
+			},
+			req: ada, op: createUser, err: errAny, users: 1, keys: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := uuid.NewString() // the case's key, and its document number
+			if tc.before != nil {
+				tc.before(key)
+			}
+			out, replayed, err := ib.Do(ctx, inbox.Key{Caller: "outbox-sender", Value: key}, tc.req, tc.op(key))
+			var mismatch *inbox.MismatchError
+			switch {
+			case tc.fields != nil:
+				require.ErrorAs(t, err, &mismatch)
+				require.Equal(t, tc.fields, mismatch.Fields)
+			case tc.err == errAny:
+				require.Error(t, err)
+				require.NotErrorIs(t, err, inbox.ErrKeyInProgress)
+				require.NotErrorIs(t, err, inbox.ErrConflictInProgress)
+			case tc.err != nil:
+				require.ErrorIs(t, err, tc.err)
+			default:
+				require.NoError(t, err)
+				require.Equal(t, tc.status, out.Status)
+				require.Equal(t, tc.replayed, replayed)
+			}
+			require.Equal(t, tc.users, users(key), "users with the case's document number")
+			require.Equal(t, tc.keys, stored(key), "rows of the case's key")
+		})
+	}
+}
+
+// errAny: the case expects an error that is neither of the inbox's own.
+var errAny = errors.New("any error")
+
+// do runs op under key and requires that it succeeded.
+func do(t *testing.T, ib *inbox.Inbox, key string, req inbox.Request, op inbox.Op) {
+	t.Helper()
+	_, _, err := ib.Do(context.Background(), inbox.Key{Caller: "outbox-sender", Value: key}, req, op)
+	require.NoError(t, err)
+}
