@@ -63,7 +63,7 @@ type ReplyApplied struct {
 // returns what each reply did, in the batch's order.
 //
 // One transaction for many replies is what makes the broker's reply path
-// cheap when replies come in numbers: four round trips and one commit for
+// cheap when replies come in numbers: a few round trips and one commit for
 // the batch, refusals and conflicts included, not four and a commit per
 // reply.
 func (s *Store) ApplyReplies(ctx context.Context, actor string, rs []Reply) ([]ReplyApplied, error) {
@@ -77,11 +77,11 @@ func (s *Store) ApplyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 }
 
 func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]ReplyApplied, error) {
-	tx, err := database.Begin(ctx, s.pool, nil)
-	defer tx.End(ctx)
+	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("begin: %w", err)
 	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it does nothing; a failed one ends the connection
 	keys, ids := make([]uuid.UUID, 0, len(rs)), make([]uuid.UUID, 0, len(rs))
 	for _, r := range rs {
 		keys, ids = append(keys, r.Key), append(ids, r.MessageID)
@@ -195,19 +195,21 @@ func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 			return nil, errors.New("receive replies: another transaction received some of them meanwhile")
 		}
 	}
-	// The dead-letters and the history ride with the COMMIT: nothing
-	// read in this transaction depends on them. The rows are locked, so
-	// their states are still the ones judged; a link above has made a row
-	// delivered, and the dead-letter then leaves it so.
-	later := &database.Later{}
+	// The rows are locked, so their states are still the ones judged; a
+	// link above has made a row delivered, and the dead-letter then leaves
+	// it so.
 	if len(dead.Ids) > 0 {
-		_ = s.q.MarkDeadByReplies(ctx, later, dead) // queued: it cannot fail now
+		if err := s.q.MarkDeadByReplies(ctx, tx, dead); err != nil {
+			return nil, fmt.Errorf("dead-letter refused rows: %w", err)
+		}
 	}
 	if len(event.OutboxIds) > 0 {
-		_ = s.q.RecordEvents(ctx, later, event)
+		if err := s.q.RecordEvents(ctx, tx, event); err != nil {
+			return nil, fmt.Errorf("record replies' history: %w", err)
+		}
 	}
-	if err := tx.Commit(ctx, &later.Batch); err != nil {
-		return nil, fmt.Errorf("record replies and commit: %w", err)
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return out, nil
 }
