@@ -304,9 +304,10 @@ end_idle:
 }
 
 /* ---------------------------------------------------------------------
- * Users: POST /users through the inbox (inbox.DoKnown, then inbox.Do if
- * the key is used or the document number taken; a first try that fails
- * rolls back whole, as a crash does). Claiming the key is the
+ * Users: POST /users through the inbox (inbox.Do: the key with its
+ * answer, then the user, one transaction; a key already stored or a
+ * document number taken fails it whole, as a crash does, and the stored
+ * answer is replayed or the refusal stored). The key is the
  * transaction's first statement; the user, the business rule and the
  * stored answer are in the same transaction. A request for a key another
  * transaction holds waits for it, or gives up with 409 key-in-progress.
