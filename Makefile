@@ -13,7 +13,7 @@ PACKAGES := ./... ./lab/... ./deploy/... ./e2e/...
 SQLC := GOWORK=off $(GO) tool -modfile=tools/go.mod sqlc
 LINT  = $(shell GOWORK=off $(GO) tool -modfile=tools/golangci-lint/go.mod -n golangci-lint)
 
-.PHONY: help run test e2e model bench soak lint generate check-generated vet fmt-check build ci
+.PHONY: help run test e2e model bench soak lint generate schema check-generated vet fmt-check build ci
 
 ## help: list the commands
 help:
@@ -54,9 +54,13 @@ lint:
 	$(LINT) run $(PACKAGES)
 	$(LINT) run --build-tags e2e,crashpoints $(PACKAGES)
 
-## generate: regenerate the sqlc query code after changing db/queries or db/migrations
-generate:
+## generate: regenerate the sqlc query code and the schema snapshots after changing db/queries or db/migrations
+generate: schema
 	$(SQLC) generate
+
+## schema: regenerate db/schema/*.sql, each database's schema after every migration (pg_dump on a throwaway cluster; a test in make test fails when they are stale)
+schema:
+	$(GO) run ./testkit/withpostgres -- $(GO) run ./testkit/schemadump/gen
 
 ## check-generated: fail when the committed sqlc code is stale, or a query does not fit a schema it runs on
 check-generated:
