@@ -76,7 +76,7 @@ func readingPath(readme string) ([]stop, error) {
 
 // definition returns the text of the function name in a Go file, or of
 // the statement name in a SQL file: a sqlc query (-- name: Name) up to
-// its semicolon, or the table CREATE TABLE name.
+// its semicolon, or the table CREATE TABLE name (or public.name).
 func definition(fsys fs.FS, file, name string) (string, error) {
 	src, err := fs.ReadFile(fsys, file)
 	if err != nil {
@@ -95,7 +95,9 @@ func definition(fsys fs.FS, file, name string) (string, error) {
 			}
 		}
 	case ".sql":
-		for _, start := range []string{"-- name: " + name + " ", "CREATE TABLE " + name + " ("} {
+		// A migration names its tables bare; a schema snapshot (db/schema,
+		// pg_dump's) names them in their schema.
+		for _, start := range []string{"-- name: " + name + " ", "CREATE TABLE " + name + " (", "CREATE TABLE public." + name + " ("} {
 			if i := strings.Index(text, start); i >= 0 {
 				end := strings.Index(text[i:], ";")
 				if end < 0 {
