@@ -118,7 +118,7 @@ func TestDo(t *testing.T) {
 			case tc.fields != nil:
 				require.ErrorAs(t, err, &mismatch)
 				require.Equal(t, tc.fields, mismatch.Fields)
-			case tc.err == errAny:
+			case errors.Is(tc.err, errAny):
 				require.Error(t, err)
 				require.NotErrorIs(t, err, inbox.ErrKeyInProgress)
 				require.NotErrorIs(t, err, inbox.ErrConflictInProgress)

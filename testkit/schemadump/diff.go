@@ -1,7 +1,9 @@
 package schemadump
 
 import (
+	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -14,7 +16,7 @@ const maxDiffLines = 60
 // committed file) and a diff of the lines around every change, "-" for a
 // committed line the fresh snapshot lacks and "+" for a new one.
 func Diff(committed, fresh []byte) string {
-	if string(committed) == string(fresh) {
+	if bytes.Equal(committed, fresh) {
 		return ""
 	}
 	a := strings.Split(string(committed), "\n")
@@ -46,8 +48,8 @@ func lineDiff(a, b []string) string {
 	for i := range lcs {
 		lcs[i] = make([]int, len(b)+1)
 	}
-	for i := len(a) - 1; i >= 0; i-- {
-		for j := len(b) - 1; j >= 0; j-- {
+	for i := range slices.Backward(a) {
+		for j := range slices.Backward(b) {
 			if a[i] == b[j] {
 				lcs[i][j] = lcs[i+1][j+1] + 1
 			} else {
