@@ -60,7 +60,7 @@ const MaxReplyDeliveries = 5
 // relay.Engine.
 type Recorder interface {
 	RecordReplies(ctx context.Context, replies []relay.Reply) ([]string, error)
-	ParkReply(ctx context.Context, p natsbus.Parked) error
+	ParkReply(ctx context.Context, p store.ParkedReply) error
 }
 
 // Transport publishes commands and reads replies on one connection.
@@ -449,7 +449,9 @@ func (t *Transport) unreadable(ctx context.Context, rec Recorder, m jetstream.Ms
 		return
 	}
 	why := err.Error()
-	if err := rec.ParkReply(context.WithoutCancel(ctx), natsbus.ParkedOf(m, meta, why)); err != nil {
+	// The store keeps what natsbus describes, field for field.
+	parked := store.ParkedReply(natsbus.ParkedOf(m, meta, why))
+	if err := rec.ParkReply(context.WithoutCancel(ctx), parked); err != nil {
 		t.warn("park a reply the sender cannot read; it is read again", err)
 		_ = m.NakWithDelay(time.Second)
 		return
