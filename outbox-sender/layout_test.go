@@ -22,14 +22,13 @@ const self = "github.com/outboxref/outboxref/outbox-sender/"
 // everything else stand on the store, and only the binary's wiring knows
 // every part.
 var allowed = map[string][]string{
-	".":      {"sender"},
-	"sender": {"relay", "poll", "cdc", "usershttp", "usersnats", "deadletter", "internal/store"},
-	"cdc":    {"relay", "poll", "internal/store"},
-	"poll":   {"relay", "internal/store"},
-	// The broker carries the answers the HTTP hop would give, and they are
-	// judged alike (usershttp.Judge).
-	"usersnats":         {"relay", "usershttp", "internal/store"},
-	"usershttp":         {"relay", "internal/store"},
+	".":                 {"sender"},
+	"sender":            {"relay", "poll", "cdc", "usershttp", "usersnats", "deadletter", "internal/store"},
+	"cdc":               {"relay", "poll", "internal/store"},
+	"poll":              {"relay", "internal/store"},
+	"usersnats":         {"relay", "answer", "internal/store"},
+	"usershttp":         {"relay", "answer", "internal/store"},
+	"answer":            {"relay"},
 	"deadletter":        {"internal/store"},
 	"relay":             {"internal/store"},
 	"internal/store":    {"internal/outboxdb"},

@@ -14,7 +14,8 @@ import (
 )
 
 // Reply is one of Users' answers read from the broker's reply stream
-// (SENDER_TRANSPORT=nats), judged as the HTTP hop judges an answer.
+// (SENDER_TRANSPORT=nats), judged as the HTTP hop's answers are
+// (answer.Judge).
 type Reply struct {
 	// MessageID is the reply's own id (its Nats-Msg-Id): the key of the
 	// sender's inbox of replies.
