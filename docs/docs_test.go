@@ -1,6 +1,7 @@
 // Package docs holds the documentation's tests: every relative link in the
-// repository's Markdown files leads somewhere that exists, and the README
-// stays a short front door to the pages in this folder.
+// repository's Markdown files leads somewhere that exists, the README
+// stays a short front door to the pages in this folder, and the layout in
+// development.md names every folder of code (layout_test.go).
 package docs
 
 import (
@@ -25,10 +26,15 @@ import (
 // repoRoot is the repository's root, seen from this package's folder.
 const repoRoot = ".."
 
-// skippedDirs are folders whose Markdown is not the project's documentation:
-// hidden ones, test data, and what builds and runs leave behind
-// (.gitignore's).
-var skippedDirs = []string{"bin", "tmp", "bench", "e2e/logs"}
+// skippedDirs are what builds and runs leave behind (.gitignore's).
+var skippedDirs = []string{"bin", "tmp", "bench", "run", "e2e/logs"}
+
+// skippedFolder says whether the folder at p, named name, is one whose
+// Markdown is not the project's documentation, nor its Go files the
+// project's code: a hidden one, test data, or one of skippedDirs.
+func skippedFolder(p, name string) bool {
+	return strings.HasPrefix(name, ".") || name == "testdata" || slices.Contains(skippedDirs, p)
+}
 
 // markdownFiles lists every Markdown file of fsys, slash-separated.
 func markdownFiles(t *testing.T, fsys fs.FS) []string {
@@ -39,7 +45,7 @@ func markdownFiles(t *testing.T, fsys fs.FS) []string {
 			return err
 		}
 		if d.IsDir() {
-			if p != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || slices.Contains(skippedDirs, p)) {
+			if p != "." && skippedFolder(p, d.Name()) {
 				return fs.SkipDir
 			}
 			return nil

@@ -14,7 +14,9 @@
 //
 // The engine knows three seams and nothing behind them: a Source (where
 // new rows come from: poll, cdc), a Transport (how a row reaches Users:
-// HTTP) and the store (how results are written).
+// usershttp over HTTP, or usersnats through the broker, whose answers come
+// back apart and are recorded by RecordReplies) and the store (how results
+// are written).
 package relay
 
 import (

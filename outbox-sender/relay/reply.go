@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/outbox-sender/internal/store"
 )
@@ -69,6 +68,6 @@ func (e *Engine) RecordReplies(ctx context.Context, replies []Reply) ([]string, 
 
 // ParkReply keeps a reply the transport could not read, for an operator
 // (parked_replies in Student's database).
-func (e *Engine) ParkReply(ctx context.Context, p natsbus.Parked) error {
+func (e *Engine) ParkReply(ctx context.Context, p store.ParkedReply) error {
 	return e.store.ParkReply(ctx, p)
 }

@@ -8,6 +8,7 @@
 //	poll, cdc   where new rows come from (SENDER_SOURCE)
 //	usershttp   how a row reaches Users: POST /users with its key
 //	usersnats   or a command on a JetStream stream, answered on another (SENDER_TRANSPORT)
+//	answer      what Users' answer means, the same to either transport
 //	deadletter  the operator's tools: the admin API's routes and "dead"
 //	internal/store  every statement the sender runs
 //

@@ -1,12 +1,11 @@
 // Package usershttp is the outbox sender's transport to Users over HTTP:
 // POST /users with the row's payload, its idempotency key as
 // Idempotency-Key and the sender's bearer token, and the judgement of
-// Users' answer: delivered, worth retrying, or permanent.
+// Users' answer (package answer): delivered, worth retrying, or permanent.
 package usershttp
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,7 +16,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxref/outboxref/internal/alarm"
@@ -25,6 +23,7 @@ import (
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/internal/telemetry"
+	"github.com/outboxref/outboxref/outbox-sender/answer"
 	"github.com/outboxref/outboxref/outbox-sender/internal/store"
 	"github.com/outboxref/outboxref/outbox-sender/relay"
 )
@@ -136,10 +135,11 @@ func transient(class, why string) relay.Answer {
 	return relay.Answer{Verdict: relay.Transient, Class: class, Error: why}
 }
 
-// judge classifies Users' answer (Judge), and notes a refusal of the
-// sender's credentials and a Retry-After.
+// judge classifies Users' answer (answer.Judge, which the broker transport
+// shares), and notes a refusal of the sender's credentials and a
+// Retry-After.
 func (t *Transport) judge(ctx context.Context, row store.Row, resp *http.Response, body []byte) relay.Answer {
-	a := Judge(resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	a := answer.Judge(resp.StatusCode, isProblem(resp.Header.Get("Content-Type")), body)
 	if a.Verdict != relay.Transient {
 		return a
 	}
@@ -151,54 +151,11 @@ func (t *Transport) judge(ctx context.Context, row store.Row, resp *http.Respons
 	return a
 }
 
-// Judge classifies an answer of Users' to a create-user operation: its
-// status, content type and body. The broker transport judges the answers
-// Users stored and relayed with it too. Only an answer that cannot change
-// on a retry is permanent: a 2xx (with a user id, or a broken one
-// without), or one of Users' own problem types about the request itself.
-// Everything else is retried: no answer, 5xx, 408, 429, a key still in
-// progress, and also any other 4xx, which more likely comes from a
-// misrouted URL or a proxy mid-deploy than from Users, and must not
-// dead-letter the whole outbox.
-func Judge(code int, contentType string, body []byte) relay.Answer {
-	if code >= 200 && code < 300 {
-		var created struct {
-			UserID uuid.UUID `json:"userId"`
-		}
-		if err := json.Unmarshal(body, &created); err != nil || created.UserID == uuid.Nil {
-			return relay.Answer{Verdict: relay.Permanent, Class: outbox.ReasonUnexpectedAnswer, Error: fmt.Sprintf("Users answered %d without a userId", code)}
-		}
-		return relay.Answer{Verdict: relay.Delivered, UserID: created.UserID}
-	}
-	var p httpapi.Problem
-	if mt, _, _ := mime.ParseMediaType(contentType); mt == httpapi.ProblemContentType {
-		_ = json.Unmarshal(body, &p)
-	}
-	why := fmt.Sprintf("Users answered %d %s", code, http.StatusText(code))
-	if p.Title != "" {
-		why = fmt.Sprintf("Users answered %d %s", code, p.Title)
-	}
-	permanent := func(class string) relay.Answer {
-		return relay.Answer{Verdict: relay.Permanent, Class: class, Error: why}
-	}
-	switch {
-	case code == http.StatusBadRequest && p.Type == httpapi.TypeValidation:
-		return permanent(outbox.ReasonInvalid)
-	case code == http.StatusConflict && p.Type == httpapi.TypeDocumentTaken:
-		return permanent(outbox.ReasonRefused)
-	case code == http.StatusUnprocessableEntity && p.Type == httpapi.TypeIdempotencyMismatch:
-		return permanent(outbox.ReasonKeyReused)
-	}
-	a := transient(outbox.ReasonUnexpectedAnswer, why)
-	switch {
-	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		a.Class = outbox.ReasonUsersAuthRefused
-	case code == http.StatusConflict && p.Type == httpapi.TypeIdempotencyBusy:
-		a.Class = outbox.ReasonKeyInProgress
-	case code >= 500, code == http.StatusRequestTimeout, code == http.StatusTooManyRequests:
-		a.Class = outbox.ReasonUsersUnavailable
-	}
-	return a
+// isProblem says whether an answer's Content-Type is a problem document's:
+// only then is its body read as one (a proxy's error page is not).
+func isProblem(contentType string) bool {
+	mt, _, _ := mime.ParseMediaType(contentType)
+	return mt == httpapi.ProblemContentType
 }
 
 // authRefused notes a 401 or 403: Users, or a proxy in front of it,

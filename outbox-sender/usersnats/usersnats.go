@@ -27,13 +27,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxref/outboxref/internal/alarm"
-	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/internal/telemetry"
+	"github.com/outboxref/outboxref/outbox-sender/answer"
 	"github.com/outboxref/outboxref/outbox-sender/internal/store"
 	"github.com/outboxref/outboxref/outbox-sender/relay"
-	"github.com/outboxref/outboxref/outbox-sender/usershttp"
 )
 
 // Config is what the transport needs of the sender's configuration.
@@ -60,7 +59,7 @@ const MaxReplyDeliveries = 5
 // relay.Engine.
 type Recorder interface {
 	RecordReplies(ctx context.Context, replies []relay.Reply) ([]string, error)
-	ParkReply(ctx context.Context, p natsbus.Parked) error
+	ParkReply(ctx context.Context, p store.ParkedReply) error
 }
 
 // Transport publishes commands and reads replies on one connection.
@@ -412,13 +411,10 @@ func (t *Transport) handle(ctx context.Context, rec Recorder, batch []jetstream.
 			t.unreadable(ctx, rec, m, meta, err)
 			continue
 		}
-		// A refusal is a problem document, as Users' HTTP answer would be.
-		contentType := "application/json"
-		if reply.Status >= 400 {
-			contentType = httpapi.ProblemContentType
-		}
+		// A reply carries Users' status and body, not a content type: a
+		// refusal's body is a problem document, as over HTTP.
 		replies = append(replies, relay.Reply{MessageID: id, Key: reply.IdempotencyKey,
-			Answer: usershttp.Judge(reply.Status, contentType, reply.Body)})
+			Answer: answer.Judge(reply.Status, reply.Status >= 400, reply.Body)})
 		read = append(read, m)
 	}
 	if len(replies) == 0 {
@@ -449,7 +445,9 @@ func (t *Transport) unreadable(ctx context.Context, rec Recorder, m jetstream.Ms
 		return
 	}
 	why := err.Error()
-	if err := rec.ParkReply(context.WithoutCancel(ctx), natsbus.ParkedOf(m, meta, why)); err != nil {
+	// The store keeps what natsbus describes, field for field.
+	parked := store.ParkedReply(natsbus.ParkedOf(m, meta, why))
+	if err := rec.ParkReply(context.WithoutCancel(ctx), parked); err != nil {
 		t.warn("park a reply the sender cannot read; it is read again", err)
 		_ = m.NakWithDelay(time.Second)
 		return

@@ -9,7 +9,7 @@
 -- A publication is cheap when nobody reads it, and it needs no wal_level:
 -- the polling sender ignores it, and the slot (which does need
 -- wal_level=logical) is created by the cdc sender itself, the first time it
--- starts (outbox-sender/sender/cdc.go).
+-- starts (outbox-sender/cdc/session.go, ensureSlot).
 CREATE PUBLICATION outbox_inserts FOR TABLE outbox WITH (publish = 'insert');
 
 -- +goose Down

@@ -9,13 +9,13 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxref/outboxref/internal/database"
-	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/outbox-sender/internal/outboxdb"
 )
 
 // Reply is one of Users' answers read from the broker's reply stream
-// (SENDER_TRANSPORT=nats), judged as the HTTP hop judges an answer.
+// (SENDER_TRANSPORT=nats), judged as the HTTP hop's answers are
+// (answer.Judge).
 type Reply struct {
 	// MessageID is the reply's own id (its Nats-Msg-Id): the key of the
 	// sender's inbox of replies.
@@ -258,16 +258,30 @@ func (s *Store) PurgeReplies(ctx context.Context, retention time.Duration, batch
 	})
 }
 
+// ParkedReply is a reply the sender could not read, as parked_replies
+// keeps it for an operator: where the broker held it, what it carried, and
+// why it was parked. The broker transport fills it in (its fields are
+// those of natsbus.Parked); the store knows no broker.
+type ParkedReply struct {
+	Stream     string
+	Sequence   uint64 // in its stream
+	Subject    string
+	Headers    []byte // JSON
+	Data       []byte
+	Reason     string
+	Deliveries int
+}
+
 // ParkReply keeps a reply the sender could not read, for an operator.
 // Parking the same reply again (the first parking's termination was lost)
 // keeps the first row.
-func (s *Store) ParkReply(ctx context.Context, p natsbus.Parked) error {
+func (s *Store) ParkReply(ctx context.Context, p ParkedReply) error {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
 	err := s.q.ParkReply(ctx, s.pool, outboxdb.ParkReplyParams{
 		Stream: p.Stream, StreamSequence: int64(p.Sequence), //nolint:gosec // a stream sequence, far below 2^63
 		Subject: p.Subject, Headers: p.Headers, Data: p.Data, Reason: p.Reason,
-		Deliveries: int32(p.Deliveries), //nolint:gosec // natsbus.ParkedOf bounds it
+		Deliveries: int32(p.Deliveries), //nolint:gosec // the transport bounds it (natsbus.ParkedOf)
 	})
 	if err != nil {
 		return database.Classify(fmt.Errorf("park reply: %w", err))
