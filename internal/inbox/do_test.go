@@ -54,7 +54,13 @@ func TestDo(t *testing.T) {
 		_, err = tx.Exec(ctx, sql)
 		require.NoError(t, err)
 		if end != nil {
-			time.AfterFunc(100*time.Millisecond, func() { _ = end(tx, ctx) })
+			ended := make(chan struct{})
+			time.AfterFunc(100*time.Millisecond, func() {
+				defer close(ended)
+				_ = end(tx, ctx)
+			})
+			// Cleanups run last first: the end is over before the rollback.
+			t.Cleanup(func() { <-ended })
 		}
 	}
 	holdKey := func(key string, end func(pgx.Tx, context.Context) error) {
