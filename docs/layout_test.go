@@ -104,7 +104,7 @@ func layoutProblems(fsys fs.FS, entries []layoutEntry) []string {
 	}
 	for _, dir := range goFolders(fsys) {
 		if !named[dir] {
-			wrong = append(wrong, fmt.Sprintf("%s/ holds Go files, and the layout has no line for it: add one saying what it is for", dir))
+			wrong = append(wrong, dir+"/ holds Go files, and the layout has no line for it: add one saying what it is for")
 		}
 	}
 	tops, _ := fs.ReadDir(fsys, ".")
@@ -113,7 +113,7 @@ func layoutProblems(fsys fs.FS, entries []layoutEntry) []string {
 			continue
 		}
 		if !slices.ContainsFunc(entries, func(e layoutEntry) bool { return e.path == top.Name() || strings.HasPrefix(e.path, top.Name()+"/") }) {
-			wrong = append(wrong, fmt.Sprintf("%s/ is a top-level folder the layout does not name, nor anything in it", top.Name()))
+			wrong = append(wrong, top.Name()+"/ is a top-level folder the layout does not name, nor anything in it")
 		}
 	}
 	return wrong
