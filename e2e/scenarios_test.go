@@ -56,7 +56,7 @@ var scenarios = []scenarioDef{
 	// claims nothing and test nothing new.
 	{id: "12-frozen-claim", title: "the sender's connection to Student's database freezes as it sends a claim",
 		opts: scenarioOptions{senders: 0, senderDBProxy: true}, run: frozenClaim, sources: []string{sourcePoll}},
-	{id: "13-frozen-inbox", title: "Users' connection to its database freezes inside an inbox transaction",
+	{id: "13-frozen-inbox", title: "Users' connection to its database freezes as it sends a create-user",
 		opts: scenarioOptions{senders: 1, usersDBProxy: true, usersPause: "users-before-inbox@20"}, run: frozenInbox},
 }
 
