@@ -28,10 +28,11 @@ const (
 // suite freezes the network to the database while a process is held there,
 // so that a connection is caught in exactly that state.
 const (
-	// SenderInRecord: inside the sender's recording transaction, after its
-	// statements and before the commit. The transaction holds row locks on
-	// the batch's outbox rows and students.
-	SenderInRecord = "sender-in-record"
+	// SenderBeforeRecord: just before the sender sends a recording's one
+	// batch (the links, retries, dead letters, events and, at its end, the
+	// commit): the batch goes into the freeze. The sender has no moment
+	// inside that transaction to pause in.
+	SenderBeforeRecord = "sender-before-record"
 	// SenderBeforeClaim: just before the claim statement is sent.
 	SenderBeforeClaim = "sender-before-claim"
 	// UsersBeforeInbox: just before Users sends a create-user's one batch
@@ -50,8 +51,3 @@ func Hit(name string) { hit(name) }
 // it names, after printing "pausepoint: NAME reached" to stderr. It pauses
 // once per process; see on.go.
 func Pause(name string) { pause(name) }
-
-// Pausing reports whether PAUSE_POINT names name: a step that would
-// otherwise send its statements and its commit in one round trip, with no
-// moment between them to pause in, keeps them apart then.
-func Pausing(name string) bool { return pausing(name) }

@@ -8,5 +8,3 @@ const Compiled = false
 func hit(string) {}
 
 func pause(string) {}
-
-func pausing(string) bool { return false }

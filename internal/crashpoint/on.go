@@ -35,7 +35,7 @@ var (
 
 func init() {
 	point, nth = parse("CRASH_POINT", UsersAfterCommit, SenderAfterResponse, SenderBeforeConfirm, UsersCommandAfterCommit)
-	pausePoint, pauseNth = parse("PAUSE_POINT", SenderInRecord, SenderBeforeClaim, UsersBeforeInbox)
+	pausePoint, pauseNth = parse("PAUSE_POINT", SenderBeforeRecord, SenderBeforeClaim, UsersBeforeInbox)
 	if v := os.Getenv("PAUSE_FOR"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 || d > time.Minute {
@@ -82,8 +82,6 @@ func hit(name string) {
 		select {} // SIGKILL is not instant; never run the step after the point
 	}
 }
-
-func pausing(name string) bool { return pausePoint == name }
 
 func pause(name string) {
 	if pausePoint == "" || pausePoint != name {

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -93,13 +92,6 @@ func (e *Engine) record(ctx context.Context, batch []store.Result) {
 		// already committed in Users.
 		rec, err := e.store.Record(context.WithoutCancel(ctx), e.cfg.Lease, batch)
 		if err == nil {
-			e.recorded(ctx, batch, rec)
-			return
-		}
-		if errors.Is(err, store.ErrLinksUnread) {
-			// Committed: counted without the links' settlements and
-			// conflicts, rather than recorded twice.
-			e.log.Error("record delivery results", slog.Int("rows", len(batch)), slog.String("error", err.Error()))
 			e.recorded(ctx, batch, rec)
 			return
 		}

@@ -492,11 +492,10 @@ func (b *bench) createUser(ctx context.Context, ib *inbox.Inbox, row claimed) (u
 }
 
 // record writes one batch of answers as the sender's store.Record does
-// for deliveries: in one transaction bounded by SENDER_DATABASE_TIMEOUT,
-// link the students and mark their rows delivered (one statement), then
-// add an attempt event per row and trim each row's history (one
-// statement), all in one round trip with BEGIN and COMMIT; the links'
-// answer is read after the commit.
+// for deliveries: in one pgx batch, one implicit transaction bounded by
+// SENDER_DATABASE_TIMEOUT, link the students and mark their rows delivered
+// (one statement), add an attempt event per row (one statement) and trim
+// each row's history (one statement).
 func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered) error {
 	var (
 		studentIDs, userIDs, keys []uuid.UUID
@@ -516,52 +515,49 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 		errs = append(errs, "student is already linked to a different user; Users answered "+r.userID.String())
 		keys = append(keys, r.key)
 	}
-	link, events := b.q["LinkStudents"], b.q["RecordEvents"]
+	link, events, trim := b.q["LinkStudents"], b.q["RecordEvents"], b.q["TrimHistories"]
 	ctx, cancel := database.WithDeadline(ctx, senderDBTimeout)
 	defer cancel()
-	tx, err := database.Begin(ctx, pool, nil)
-	defer tx.End(ctx)
-	if err != nil {
-		return err
-	}
-	args, err := link.args(map[string]any{
+	linkArgs, err := link.args(map[string]any{
 		"outbox_ids": outboxIDs, "student_ids": studentIDs, "user_ids": userIDs, "conflict_errors": errs,
 	})
 	if err != nil {
 		return err
 	}
-	// Each row: the answer's outbox row, whether its student was linked,
-	// and whether this statement settled the row.
-	var settled []bool
-	var linkErr error
-	tx.RunAtCommit(func(db database.DBTX) {
-		rows, err := db.Query(ctx, link.sql, args...)
-		if err != nil {
-			linkErr = err
-			return
-		}
-		settled, linkErr = pgx.CollectRows(rows, func(row pgx.CollectableRow) (bool, error) {
-			var (
-				id             int64
-				linked, marked bool
-			)
-			err := row.Scan(&id, &linked, &marked)
-			return linked && marked, err
-		})
-	})
-	if args, err = events.args(map[string]any{
+	eventArgs, err := events.args(map[string]any{
 		"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep), "kind": "attempt", "actor": "bench-bound", "attempts": attempts,
 		"outcomes": outcomes, "reason_classes": classes, "errors": errs, "idempotency_keys": keys,
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
-	history := &pgx.Batch{}
-	history.Queue(events.sql, args...)
-	if err := tx.Commit(ctx, history); err != nil {
-		return fmt.Errorf("link students, record history and commit: %w", err)
+	trimArgs, err := trim.args(map[string]any{"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep)})
+	if err != nil {
+		return err
 	}
-	if linkErr != nil {
-		return fmt.Errorf("link students: %w", linkErr)
+	// One batch, one implicit transaction, as the sender records.
+	batchQ := &pgx.Batch{}
+	batchQ.Queue(link.sql, linkArgs...)
+	batchQ.Queue(events.sql, eventArgs...)
+	batchQ.Queue(trim.sql, trimArgs...)
+	br := pool.SendBatch(ctx, batchQ)
+	defer br.Close()
+	// Each row: the answer's outbox row, whether its student was linked,
+	// and whether this statement settled the row.
+	rows, _ := br.Query()
+	settled, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (bool, error) {
+		var (
+			id             int64
+			linked, marked bool
+		)
+		err := row.Scan(&id, &linked, &marked)
+		return linked && marked, err
+	})
+	if err != nil {
+		return fmt.Errorf("link students: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("record history and commit: %w", err)
 	}
 	if n := len(settled); n != len(batch) || slices.Contains(settled, false) {
 		return fmt.Errorf("link students: %d answers, not all linked and marked delivered", n)

@@ -17,19 +17,29 @@ SELECT id FROM outbox WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE;
 -- overtake the recording of its own publish) wins.
 -- An unread row was not published again: the command the broker took
 -- before is still unread by Users, so the row keeps that publish (its
--- time and sequence) and the claim does not count as an attempt.
-UPDATE outbox o
-SET state = 'published',
-    published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
-    published_seq = CASE WHEN d.unread THEN o.published_seq ELSE d.seq END,
-    attempts = CASE WHEN d.unread THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
-    available_at = LEAST(now() + d.wait, o.age_from + @max_age::interval),
-    lease_token = NULL, last_error = NULL, reason_class = NULL
-FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
-             unnest(@seqs::bigint[]) AS seq, unnest(@waits::interval[]) AS wait,
-             unnest(@unread::boolean[]) AS unread) d
-WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
-RETURNING o.id;
+-- time and sequence), the claim does not count as an attempt, and no event
+-- is told. A publish gets its attempt's event in the same statement.
+WITH d AS (
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
+           unnest(@seqs::bigint[]) AS seq, unnest(@waits::interval[]) AS wait,
+           unnest(@unread::boolean[]) AS unread
+), applied AS (
+    UPDATE outbox o
+    SET state = 'published',
+        published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
+        published_seq = CASE WHEN d.unread THEN o.published_seq ELSE d.seq END,
+        attempts = CASE WHEN d.unread THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
+        available_at = LEAST(now() + d.wait, o.age_from + @max_age::interval),
+        lease_token = NULL, last_error = NULL, reason_class = NULL
+    FROM d
+    WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
+    RETURNING o.id, o.attempts, o.idempotency_key, d.unread
+), events AS (
+    INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, actor, idempotency_key)
+    SELECT id, 'attempt', attempts, 'published', @actor, idempotency_key
+    FROM applied WHERE NOT unread
+)
+SELECT id FROM applied;
 
 -- name: LockRowsForReplies :many
 -- The rows a batch of answers is for, locked for the batch's transaction,

@@ -94,25 +94,46 @@ FROM answers a;
 -- Only the holder of the current lease may reschedule a row; a sender whose
 -- lease expired and was taken over leaves the row to its new owner. A row
 -- never sleeps past its max age: it is claimed then, and dead-lettered.
-UPDATE outbox o
-SET available_at = LEAST(now() + d.delay, o.age_from + @max_age::interval),
-    last_error = d.error, reason_class = d.reason_class, lease_token = NULL
-FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
-             unnest(@delays::interval[]) AS delay, unnest(@errors::text[]) AS error,
-             unnest(@reason_classes::text[]) AS reason_class) d
-WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
-RETURNING o.id;
+-- Each row rescheduled gets its attempt's event in the same statement, so
+-- that only what was written is told (TrimHistories keeps it short).
+WITH d AS (
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
+           unnest(@delays::interval[]) AS delay, unnest(@errors::text[]) AS error,
+           unnest(@reason_classes::text[]) AS reason_class
+), applied AS (
+    UPDATE outbox o
+    SET available_at = LEAST(now() + d.delay, o.age_from + @max_age::interval),
+        last_error = d.error, reason_class = d.reason_class, lease_token = NULL
+    FROM d
+    WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
+    RETURNING o.id, o.attempts, o.idempotency_key, d.error, d.reason_class
+), events AS (
+    INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
+    SELECT id, 'attempt', attempts, 'retry', NULLIF(reason_class, ''), NULLIF(error, ''), @actor, idempotency_key
+    FROM applied
+)
+SELECT id FROM applied;
 
 -- name: MarkDead :many
 -- Only the holder of the current lease may dead-letter a row, as with
--- ScheduleRetries. (A conflict, which is a fact about the key rather than
--- about a lease, is dead-lettered by LinkStudents.)
-UPDATE outbox o
-SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
-FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
-             unnest(@errors::text[]) AS error, unnest(@reason_classes::text[]) AS reason_class) d
-WHERE o.id = d.id AND o.state = 'pending' AND o.lease_token = d.lease_token
-RETURNING o.id;
+-- ScheduleRetries, and each row dead-lettered gets its attempt's event in
+-- the same statement. (A conflict, which is a fact about the key rather
+-- than about a lease, is dead-lettered by LinkStudents.)
+WITH d AS (
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
+           unnest(@errors::text[]) AS error, unnest(@reason_classes::text[]) AS reason_class
+), applied AS (
+    UPDATE outbox o
+    SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
+    FROM d
+    WHERE o.id = d.id AND o.state = 'pending' AND o.lease_token = d.lease_token
+    RETURNING o.id, o.attempts, o.idempotency_key, d.error, d.reason_class
+), events AS (
+    INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
+    SELECT id, 'attempt', attempts, 'dead', NULLIF(reason_class, ''), NULLIF(error, ''), @actor, idempotency_key
+    FROM applied
+)
+SELECT id FROM applied;
 
 -- name: Release :execrows
 -- Hands claimed but unsent rows back at shutdown: due now, and the claim
@@ -121,6 +142,20 @@ UPDATE outbox o
 SET available_at = now(), lease_token = NULL, claimed_by = NULL, attempts = GREATEST(o.attempts - 1, 0)
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token) d
 WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending';
+
+-- name: TrimHistories :exec
+-- Keeps the newest @keep events of each row, however long it is retried
+-- or redriven. It runs last in the recording's transaction, so it sees the
+-- events the statements before it added.
+DELETE FROM outbox_events old
+USING (
+    SELECT id FROM (
+        SELECT id, row_number() OVER (PARTITION BY outbox_id ORDER BY id DESC) AS n
+        FROM outbox_events WHERE outbox_id = ANY(@outbox_ids::bigint[])
+    ) ranked
+    WHERE ranked.n > @keep::integer
+) beyond
+WHERE old.id = beyond.id;
 
 -- name: OutboxStats :one
 -- For /metrics: how much work waits, and how long the oldest has waited,

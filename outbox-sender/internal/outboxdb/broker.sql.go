@@ -219,27 +219,37 @@ func (q *Queries) ReceiveReplies(ctx context.Context, db DBTX, arg ReceiveReplie
 }
 
 const RecordPublished = `-- name: RecordPublished :many
-UPDATE outbox o
-SET state = 'published',
-    published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
-    published_seq = CASE WHEN d.unread THEN o.published_seq ELSE d.seq END,
-    attempts = CASE WHEN d.unread THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
-    available_at = LEAST(now() + d.wait, o.age_from + $1::interval),
-    lease_token = NULL, last_error = NULL, reason_class = NULL
-FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::uuid[]) AS lease_token,
-             unnest($4::bigint[]) AS seq, unnest($5::interval[]) AS wait,
-             unnest($6::boolean[]) AS unread) d
-WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
-RETURNING o.id
+WITH d AS (
+    SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
+           unnest($3::bigint[]) AS seq, unnest($4::interval[]) AS wait,
+           unnest($5::boolean[]) AS unread
+), applied AS (
+    UPDATE outbox o
+    SET state = 'published',
+        published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
+        published_seq = CASE WHEN d.unread THEN o.published_seq ELSE d.seq END,
+        attempts = CASE WHEN d.unread THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
+        available_at = LEAST(now() + d.wait, o.age_from + $6::interval),
+        lease_token = NULL, last_error = NULL, reason_class = NULL
+    FROM d
+    WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
+    RETURNING o.id, o.attempts, o.idempotency_key, d.unread
+), events AS (
+    INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, actor, idempotency_key)
+    SELECT id, 'attempt', attempts, 'published', $7, idempotency_key
+    FROM applied WHERE NOT unread
+)
+SELECT id FROM applied
 `
 
 type RecordPublishedParams struct {
-	MaxAge      time.Duration
 	Ids         []int64
 	LeaseTokens []uuid.UUID
 	Seqs        []int64
 	Waits       []time.Duration
 	Unread      []bool
+	MaxAge      time.Duration
+	Actor       string
 }
 
 // The broker holds these rows' commands: each waits as published for
@@ -249,15 +259,17 @@ type RecordPublishedParams struct {
 // overtake the recording of its own publish) wins.
 // An unread row was not published again: the command the broker took
 // before is still unread by Users, so the row keeps that publish (its
-// time and sequence) and the claim does not count as an attempt.
+// time and sequence), the claim does not count as an attempt, and no event
+// is told. A publish gets its attempt's event in the same statement.
 func (q *Queries) RecordPublished(ctx context.Context, db DBTX, arg RecordPublishedParams) ([]int64, error) {
 	rows, err := db.Query(ctx, RecordPublished,
-		arg.MaxAge,
 		arg.Ids,
 		arg.LeaseTokens,
 		arg.Seqs,
 		arg.Waits,
 		arg.Unread,
+		arg.MaxAge,
+		arg.Actor,
 	)
 	if err != nil {
 		return nil, err

@@ -208,12 +208,21 @@ func (q *Queries) LinkStudents(ctx context.Context, db DBTX, arg LinkStudentsPar
 }
 
 const MarkDead = `-- name: MarkDead :many
-UPDATE outbox o
-SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
-FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
-             unnest($3::text[]) AS error, unnest($4::text[]) AS reason_class) d
-WHERE o.id = d.id AND o.state = 'pending' AND o.lease_token = d.lease_token
-RETURNING o.id
+WITH d AS (
+    SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
+           unnest($3::text[]) AS error, unnest($4::text[]) AS reason_class
+), applied AS (
+    UPDATE outbox o
+    SET state = 'dead', dead_at = now(), last_error = d.error, reason_class = d.reason_class, lease_token = NULL
+    FROM d
+    WHERE o.id = d.id AND o.state = 'pending' AND o.lease_token = d.lease_token
+    RETURNING o.id, o.attempts, o.idempotency_key, d.error, d.reason_class
+), events AS (
+    INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
+    SELECT id, 'attempt', attempts, 'dead', NULLIF(reason_class, ''), NULLIF(error, ''), $5, idempotency_key
+    FROM applied
+)
+SELECT id FROM applied
 `
 
 type MarkDeadParams struct {
@@ -221,17 +230,20 @@ type MarkDeadParams struct {
 	LeaseTokens   []uuid.UUID
 	Errors        []string
 	ReasonClasses []string
+	Actor         string
 }
 
 // Only the holder of the current lease may dead-letter a row, as with
-// ScheduleRetries. (A conflict, which is a fact about the key rather than
-// about a lease, is dead-lettered by LinkStudents.)
+// ScheduleRetries, and each row dead-lettered gets its attempt's event in
+// the same statement. (A conflict, which is a fact about the key rather
+// than about a lease, is dead-lettered by LinkStudents.)
 func (q *Queries) MarkDead(ctx context.Context, db DBTX, arg MarkDeadParams) ([]int64, error) {
 	rows, err := db.Query(ctx, MarkDead,
 		arg.Ids,
 		arg.LeaseTokens,
 		arg.Errors,
 		arg.ReasonClasses,
+		arg.Actor,
 	)
 	if err != nil {
 		return nil, err
@@ -411,36 +423,49 @@ func (q *Queries) Release(ctx context.Context, db DBTX, arg ReleaseParams) (int6
 }
 
 const ScheduleRetries = `-- name: ScheduleRetries :many
-UPDATE outbox o
-SET available_at = LEAST(now() + d.delay, o.age_from + $1::interval),
-    last_error = d.error, reason_class = d.reason_class, lease_token = NULL
-FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::uuid[]) AS lease_token,
-             unnest($4::interval[]) AS delay, unnest($5::text[]) AS error,
-             unnest($6::text[]) AS reason_class) d
-WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
-RETURNING o.id
+WITH d AS (
+    SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
+           unnest($3::interval[]) AS delay, unnest($4::text[]) AS error,
+           unnest($5::text[]) AS reason_class
+), applied AS (
+    UPDATE outbox o
+    SET available_at = LEAST(now() + d.delay, o.age_from + $6::interval),
+        last_error = d.error, reason_class = d.reason_class, lease_token = NULL
+    FROM d
+    WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
+    RETURNING o.id, o.attempts, o.idempotency_key, d.error, d.reason_class
+), events AS (
+    INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
+    SELECT id, 'attempt', attempts, 'retry', NULLIF(reason_class, ''), NULLIF(error, ''), $7, idempotency_key
+    FROM applied
+)
+SELECT id FROM applied
 `
 
 type ScheduleRetriesParams struct {
-	MaxAge        time.Duration
 	Ids           []int64
 	LeaseTokens   []uuid.UUID
 	Delays        []time.Duration
 	Errors        []string
 	ReasonClasses []string
+	MaxAge        time.Duration
+	Actor         string
 }
 
 // Only the holder of the current lease may reschedule a row; a sender whose
 // lease expired and was taken over leaves the row to its new owner. A row
 // never sleeps past its max age: it is claimed then, and dead-lettered.
+// Each row rescheduled gets its attempt's event in the same statement, so
+// that only what was written is told (TrimHistories keeps it short).
 func (q *Queries) ScheduleRetries(ctx context.Context, db DBTX, arg ScheduleRetriesParams) ([]int64, error) {
 	rows, err := db.Query(ctx, ScheduleRetries,
-		arg.MaxAge,
 		arg.Ids,
 		arg.LeaseTokens,
 		arg.Delays,
 		arg.Errors,
 		arg.ReasonClasses,
+		arg.MaxAge,
+		arg.Actor,
 	)
 	if err != nil {
 		return nil, err
@@ -458,4 +483,29 @@ func (q *Queries) ScheduleRetries(ctx context.Context, db DBTX, arg ScheduleRetr
 		return nil, err
 	}
 	return items, nil
+}
+
+const TrimHistories = `-- name: TrimHistories :exec
+DELETE FROM outbox_events old
+USING (
+    SELECT id FROM (
+        SELECT id, row_number() OVER (PARTITION BY outbox_id ORDER BY id DESC) AS n
+        FROM outbox_events WHERE outbox_id = ANY($1::bigint[])
+    ) ranked
+    WHERE ranked.n > $2::integer
+) beyond
+WHERE old.id = beyond.id
+`
+
+type TrimHistoriesParams struct {
+	OutboxIds []int64
+	Keep      int32
+}
+
+// Keeps the newest @keep events of each row, however long it is retried
+// or redriven. It runs last in the recording's transaction, so it sees the
+// events the statements before it added.
+func (q *Queries) TrimHistories(ctx context.Context, db DBTX, arg TrimHistoriesParams) error {
+	_, err := db.Exec(ctx, TrimHistories, arg.OutboxIds, arg.Keep)
+	return err
 }

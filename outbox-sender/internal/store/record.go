@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -58,113 +57,115 @@ const HistoryKeep = 20
 // the holder of the row's lease, rows handed back, and an event per attempt
 // in each row's history, naming l.Holder.
 //
-// BEGIN rides with the first statement and COMMIT with the history
-// (database.Tx). A batch of deliveries alone, the common case, is one
-// round trip: the links, the history and COMMIT go out together, and the
-// links' answer is read after the commit. Nothing sent in it depends on
-// that answer: LinkStudents dead-letters a conflict itself, and
-// RecordEvents writes a refused delivery's event as the conflict. A batch
-// with anything else costs a round trip more, since which retries and
-// dead letters were written (the lease's fence) decides the history.
-//
-// ErrLinksUnread (wrapped) says the transaction committed but the links'
-// answer could not be read: rec then holds all but what the links did.
+// The statements go out as one pgx batch: one implicit transaction, which
+// PostgreSQL commits when the batch ends, in one round trip. That works
+// because no statement needs another's answer: LinkStudents dead-letters a
+// conflict itself; ScheduleRetries, MarkDead and RecordPublished each
+// write the events of the rows they did write (a row whose lease another
+// sender took over is that sender's to tell); RecordEvents writes a
+// delivery's event as LinkStudents left the row; and TrimHistories, last,
+// keeps every history short. A statement that fails stops the rest and
+// rolls back the whole batch. And the sender never holds a transaction
+// open while it waits for the network: the server has all of it at once.
 func (s *Store) Record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
 	rec, err := s.record(ctx, l, batch)
 	if err != nil {
-		return rec, database.Classify(err)
+		return Recorded{}, database.Classify(err)
 	}
 	return rec, nil
 }
 
-// ErrLinksUnread: a recording committed, but which rows its links settled
-// and which were conflicts is unknown. Recording the batch again would add
-// to the rows' histories and settle nothing.
-var ErrLinksUnread = errors.New("recorded, but the links' answer could not be read")
-
 func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
-	first := &pgx.Batch{}
-	first.Queue(genericPlans)
-	tx, err := database.Begin(ctx, s.pool, first)
-	defer tx.End(ctx)
+	w := sortResults(batch)
+	w.retries.MaxAge, w.published.MaxAge = l.MaxAge, l.MaxAge
+	w.retries.Actor, w.deaths.Actor, w.published.Actor = l.Holder, l.Holder, l.Holder
+	b := &pgx.Batch{}
+	b.Queue(genericPlans)
+	// Each statement's text, with its parameters in sqlc's order (its
+	// Params struct's).
+	if w.brokered {
+		// Only with the broker, where replies are applied beside
+		// recordings (LockRowsForRecord).
+		b.Queue(outboxdb.LockRowsForRecord, w.ids)
+	}
+	if len(w.link.OutboxIds) > 0 {
+		b.Queue(outboxdb.LinkStudents, w.link.OutboxIds, w.link.StudentIds, w.link.UserIds, w.link.ConflictErrors)
+	}
+	if r := w.retries; len(r.Ids) > 0 {
+		b.Queue(outboxdb.ScheduleRetries, r.Ids, r.LeaseTokens, r.Delays, r.Errors, r.ReasonClasses, r.MaxAge, r.Actor)
+	}
+	if d := w.deaths; len(d.Ids) > 0 {
+		b.Queue(outboxdb.MarkDead, d.Ids, d.LeaseTokens, d.Errors, d.ReasonClasses, d.Actor)
+	}
+	if p := w.published; len(p.Ids) > 0 {
+		b.Queue(outboxdb.RecordPublished, p.Ids, p.LeaseTokens, p.Seqs, p.Waits, p.Unread, p.MaxAge, p.Actor)
+	}
+	if len(w.releases.Ids) > 0 {
+		b.Queue(outboxdb.Release, w.releases.Ids, w.releases.LeaseTokens)
+	}
+	if e := deliveryEvents(l.Holder, batch); len(e.OutboxIds) > 0 {
+		b.Queue(outboxdb.RecordEvents, e.Kind, e.Actor, e.OutboxIds, e.Attempts, e.Outcomes, e.ReasonClasses, e.Errors, e.IdempotencyKeys, e.Keep)
+	}
+	b.Queue(outboxdb.TrimHistories, w.ids, int32(HistoryKeep))
+
+	crashpoint.Pause(crashpoint.SenderBeforeRecord)
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	rec, err := w.read(br)
 	if err != nil {
 		return Recorded{}, err
 	}
+	// The batch's end is the commit: an error here is the commit's.
+	if err := br.Close(); err != nil {
+		return Recorded{}, fmt.Errorf("commit: %w", err)
+	}
+	return rec, nil
+}
+
+// read reads the answers of the statements record queued, in their order.
+func (w *writes) read(br pgx.BatchResults) (Recorded, error) {
 	rec := Recorded{Applied: map[int64]bool{}, Conflicts: map[int64]uuid.UUID{}}
-	w := sortResults(batch)
+	if _, err := br.Exec(); err != nil {
+		return rec, fmt.Errorf("use generic plans: %w", err)
+	}
 	if w.brokered {
-		// One more round trip, only with the broker, where replies are
-		// applied beside recordings (LockRowsForRecord).
-		ids := make([]int64, len(batch))
-		for i, r := range batch {
-			ids[i] = r.Row.ID
-		}
-		if _, err := s.q.LockRowsForRecord(ctx, tx, ids); err != nil {
-			return Recorded{}, fmt.Errorf("lock the recorded rows: %w", err)
+		if _, err := br.Exec(); err != nil {
+			return rec, fmt.Errorf("lock the recorded rows: %w", err)
 		}
 	}
-	var (
-		links   []outboxdb.LinkStudentsRow
-		linkErr error
-	)
-	link := func(db database.DBTX) { links, linkErr = s.q.LinkStudents(ctx, db, w.link) }
-	// The scenario that freezes the network inside this transaction
-	// (PAUSE_POINT) needs a moment between the links and the commit.
-	atCommit := w.deliveriesOnly() && !crashpoint.Pausing(crashpoint.SenderInRecord)
-	switch {
-	case len(w.link.OutboxIds) == 0:
-	case atCommit:
-		tx.RunAtCommit(link)
-	default:
-		if link(tx); linkErr != nil {
-			return Recorded{}, fmt.Errorf("link students: %w", linkErr)
+	if len(w.link.OutboxIds) > 0 {
+		rows, _ := br.Query()
+		links, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdb.LinkStudentsRow])
+		if err != nil {
+			return rec, fmt.Errorf("link students: %w", err)
 		}
 		rec.linked(links, w.link)
 	}
-	w.retries.MaxAge = l.MaxAge
-	if len(w.retries.Ids) > 0 {
-		ids, err := s.q.ScheduleRetries(ctx, tx, w.retries)
-		if err != nil {
-			return Recorded{}, fmt.Errorf("schedule retries: %w", err)
+	for _, step := range []struct {
+		n    int
+		what string
+	}{{len(w.retries.Ids), "schedule retries"}, {len(w.deaths.Ids), "dead-letter rows"}, {len(w.published.Ids), "record publishes"}} {
+		if step.n == 0 {
+			continue
 		}
-		rec.apply(ids)
-	}
-	if len(w.deaths.Ids) > 0 {
-		ids, err := s.q.MarkDead(ctx, tx, w.deaths)
+		rows, _ := br.Query()
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
-			return Recorded{}, fmt.Errorf("dead-letter rows: %w", err)
-		}
-		rec.apply(ids)
-	}
-	if len(w.published.Ids) > 0 {
-		w.published.MaxAge = l.MaxAge
-		ids, err := s.q.RecordPublished(ctx, tx, w.published)
-		if err != nil {
-			return Recorded{}, fmt.Errorf("record publishes: %w", err)
+			return rec, fmt.Errorf("%s: %w", step.what, err)
 		}
 		rec.apply(ids)
 	}
 	if len(w.releases.Ids) > 0 {
-		n, err := s.q.Release(ctx, tx, w.releases)
+		tag, err := br.Exec()
 		if err != nil {
-			return Recorded{}, fmt.Errorf("release rows: %w", err)
+			return rec, fmt.Errorf("release rows: %w", err)
 		}
-		rec.Released = n
+		rec.Released = tag.RowsAffected()
 	}
-	crashpoint.Pause(crashpoint.SenderInRecord)
-	history := &database.Later{}
-	s.recordHistory(ctx, history, l.Holder, batch, rec)
-	if err := tx.Commit(ctx, &history.Batch); err != nil {
-		return Recorded{}, fmt.Errorf("record history and commit: %w", err)
-	}
-	if atCommit && len(w.link.OutboxIds) > 0 {
-		if linkErr != nil {
-			return rec, fmt.Errorf("%w: %w", ErrLinksUnread, linkErr)
-		}
-		rec.linked(links, w.link)
-	}
+	// RecordEvents (when queued) and TrimHistories: their errors come with
+	// the batch's end, which Close reports.
 	return rec, nil
 }
 
@@ -173,8 +174,8 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 // whose length the planner cannot know, so it judged a plan made for each
 // call's values cheaper and planned them afresh at every call: planning
 // them cost more than running them (docs/performance.md). Their generic
-// plans are the same index lookups. SET LOCAL's effect, in the statement
-// that rides with BEGIN: the setting ends with the transaction.
+// plans are the same index lookups. set_config(…, true) lasts until the
+// batch's transaction ends.
 const genericPlans = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 // linked notes what LinkStudents did with the answers of link: the rows it
@@ -209,16 +210,14 @@ type writes struct {
 	// brokered: the batch came through the broker transport (a publish,
 	// or a publish that failed).
 	brokered bool
-}
-
-// deliveriesOnly: the batch holds nothing but deliveries.
-func (w *writes) deliveriesOnly() bool {
-	return !w.brokered && len(w.retries.Ids)+len(w.deaths.Ids)+len(w.published.Ids)+len(w.releases.Ids) == 0
+	// ids are every row of the batch.
+	ids []int64
 }
 
 func sortResults(batch []Result) *writes {
 	w := &writes{}
 	for _, r := range batch {
+		w.ids = append(w.ids, r.Row.ID)
 		switch r.Outcome {
 		case outbox.OutcomeDelivered:
 			w.link.OutboxIds = append(w.link.OutboxIds, r.Row.ID)
@@ -270,34 +269,24 @@ func ConflictError(answered uuid.UUID) string {
 	return fmt.Sprintf("student is already linked to a different user; Users answered %s", answered)
 }
 
-// recordHistory queues in history an event per attempt of the batch for
-// the rows' histories, trimming each to its newest HistoryKeep events (one
-// statement, RecordEvents), to be sent with the commit. Rows handed back
-// were not attempted, and a retry or dead-letter that was not applied
-// (another sender took the lease over) is that sender's to tell. A
-// delivery's event carries the error for a conflict: RecordEvents writes
-// it if the link was refused.
-func (s *Store) recordHistory(ctx context.Context, history *database.Later, actor string, batch []Result, rec Recorded) {
+// deliveryEvents are the events of the batch's deliveries, for
+// RecordEvents: it writes each as LinkStudents left its row, delivered or
+// dead-lettered as a conflict, with the error given for a conflict. The
+// other attempts' events are written by the statements that record them.
+func deliveryEvents(actor string, batch []Result) outboxdb.RecordEventsParams {
 	ev := outboxdb.RecordEventsParams{Kind: "attempt", Actor: actor, Keep: HistoryKeep}
 	for _, r := range batch {
-		// An unread row was not sent: nothing happened to tell.
-		if r.Outcome == outbox.OutcomeReleased || r.Outcome == outbox.OutcomeUnread || (r.Outcome == outbox.OutcomeRetry || r.Outcome == outbox.OutcomeDead || r.Outcome == outbox.OutcomePublished) && !rec.Applied[r.Row.ID] {
+		if r.Outcome != outbox.OutcomeDelivered {
 			continue
-		}
-		why := r.Error
-		if r.Outcome == outbox.OutcomeDelivered {
-			why = ConflictError(r.UserID)
 		}
 		ev.OutboxIds = append(ev.OutboxIds, r.Row.ID)
 		ev.Attempts = append(ev.Attempts, int32(r.Row.Attempts)) //nolint:gosec // attempts are an integer column
 		ev.Outcomes = append(ev.Outcomes, r.Outcome)
 		ev.ReasonClasses = append(ev.ReasonClasses, r.Class)
-		ev.Errors = append(ev.Errors, cleanError(why))
+		ev.Errors = append(ev.Errors, cleanError(ConflictError(r.UserID)))
 		ev.IdempotencyKeys = append(ev.IdempotencyKeys, r.Row.IdempotencyKey)
 	}
-	if len(ev.OutboxIds) > 0 {
-		_ = s.q.RecordEvents(ctx, history, ev) // queued: it cannot fail now
-	}
+	return ev
 }
 
 // cleanError makes an error message storable: PostgreSQL text holds no NUL

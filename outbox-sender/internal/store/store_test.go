@@ -231,9 +231,11 @@ func TestNewKeySafeIsTheStoresRule(t *testing.T) {
 }
 
 // TestRecordRoundTrips counts what recording sends to the database: each
-// batch is one round trip, and every answer waits for all of them. A batch
-// of deliveries alone: BEGIN, the links, the history and COMMIT in one; a
-// batch of retries, BEGIN with the retries, then the history with COMMIT.
+// batch is one round trip, and every answer waits for all of them. Any
+// recording is one batch, one implicit transaction: deliveries, retries,
+// dead letters and hand-backs alike. It also checks what the one batch
+// must still get right: a retry whose lease another sender took over is
+// neither written nor told, and each row's history stays at HistoryKeep.
 func TestRecordRoundTrips(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
@@ -257,8 +259,35 @@ func TestRecordRoundTrips(t *testing.T) {
 
 	_, err = st.Record(ctx, lease, []Result{{Row: rows[2], Outcome: outbox.OutcomeRetry, Error: "refused", Delay: time.Second}})
 	require.NoError(t, err)
-	require.Len(t, trips.Take(), 2, "a retry: BEGIN with the retry, then the history with COMMIT")
+	require.Len(t, trips.Take(), 1, "a retry")
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'retry'"))
+
+	// A lease another sender holds now: nothing written, nothing told.
+	again, err := st.ClaimDue(ctx, lease, 1)
+	require.Empty(t, again, "not due yet")
+	require.NoError(t, err)
+	taken := rows[2]
+	taken.LeaseToken = uuid.New()
+	rec, err := st.Record(ctx, lease, []Result{{Row: taken, Outcome: outbox.OutcomeDead, Error: "refused", Class: outbox.ReasonClasses[0]}})
+	require.NoError(t, err)
+	require.Empty(t, rec.Applied)
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead'"))
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outcome = 'dead'"))
+
+	// Retried again and again, the row keeps its newest HistoryKeep events.
+	_, err = pool.Exec(ctx, "UPDATE outbox SET available_at = now() WHERE id = $1", rows[2].ID)
+	require.NoError(t, err)
+	for range HistoryKeep + 2 {
+		claimed, err := st.ClaimDue(ctx, lease, 1)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		rec, err := st.Record(ctx, lease, []Result{{Row: claimed[0], Outcome: outbox.OutcomeRetry, Error: "refused"}})
+		require.NoError(t, err)
+		require.True(t, rec.Applied[claimed[0].ID])
+	}
+	require.Equal(t, HistoryKeep, count(t, pool, "SELECT count(*) FROM outbox_events WHERE outbox_id = $1", rows[2].ID))
+	require.Equal(t, HistoryKeep+3, count(t, pool, "SELECT max(attempt) FROM outbox_events WHERE outbox_id = $1", rows[2].ID),
+		"the newest kept")
 }
 
 // TestClaimAndRecordRunOnGenericPlans: the claim and the recording's
