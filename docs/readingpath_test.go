@@ -99,7 +99,7 @@ func definition(fsys fs.FS, file, name string) (string, error) {
 		// pg_dump's) names them in their schema.
 		for _, start := range []string{"-- name: " + name + " ", "CREATE TABLE " + name + " (", "CREATE TABLE public." + name + " ("} {
 			if i := strings.Index(text, start); i >= 0 {
-				end := strings.Index(text[i:], ";")
+				end := statementEnd(text[i:])
 				if end < 0 {
 					return "", fmt.Errorf("%s: %s has no end", file, name)
 				}
@@ -108,6 +108,37 @@ func definition(fsys fs.FS, file, name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s defines no %s", file, name)
+}
+
+// statementEnd is the index of the semicolon that ends the SQL statement
+// text starts with, or -1: the first one outside a comment or a quoted
+// string (a query's comment may well hold one).
+func statementEnd(text string) int {
+	for i := 0; i < len(text); i++ {
+		switch {
+		case text[i] == ';':
+			return i
+		case strings.HasPrefix(text[i:], "--"):
+			n := strings.IndexByte(text[i:], '\n')
+			if n < 0 {
+				return -1
+			}
+			i += n
+		case strings.HasPrefix(text[i:], "/*"):
+			n := strings.Index(text[i:], "*/")
+			if n < 0 {
+				return -1
+			}
+			i += n + 1
+		case text[i] == '\'' || text[i] == '"':
+			n := strings.IndexByte(text[i+1:], text[i])
+			if n < 0 {
+				return -1
+			}
+			i += n + 1
+		}
+	}
+	return -1
 }
 
 // stopProblems says what is wrong with the reading path against fsys.
@@ -165,10 +196,14 @@ func TestReadingPathCheckCatchesMistakes(t *testing.T) {
 	t.Parallel()
 	long := "package x\n\nfunc long() {\n" + strings.Repeat("\t_ = 1\n", maxStopLines) + "}\n\nfunc short() {}\n"
 	fsys := fstest.MapFS{
-		"x/x.go":    {Data: []byte(long)},
-		"q/q.sql":   {Data: []byte("-- name: Claim :many\nSELECT 1\nFROM t;\n\nCREATE TABLE things (\n    id int\n);\n")},
-		"README.md": {Data: []byte("# x\n\n## Reading path\n\n1. `x/x.go:short` and `long`: two.\n2. `q/q.sql:Claim`: a query.\n3. `q/q.sql:things`: a table.\n4. `x/x.go:gone`: missing.\n\n## Next\n")},
+		"x/x.go":     {Data: []byte(long)},
+		"q/q.sql":    {Data: []byte("-- name: Claim :many\nSELECT 1\nFROM t;\n\nCREATE TABLE things (\n    id int\n);\n")},
+		"q/semi.sql": {Data: []byte("-- name: Semi :one\n-- A comment; a semicolon.\nSELECT ';' /* ; */\nFROM t;\n")},
+		"README.md":  {Data: []byte("# x\n\n## Reading path\n\n1. `x/x.go:short` and `long`: two.\n2. `q/q.sql:Claim`: a query.\n3. `q/q.sql:things`: a table.\n4. `x/x.go:gone`: missing.\n\n## Next\n")},
 	}
+	semi, err := definition(fsys, "q/semi.sql", "Semi")
+	require.NoError(t, err)
+	require.True(t, strings.HasSuffix(semi, "FROM t;"), "a semicolon in a comment or a string ends no statement: %q", semi)
 	readme, err := fs.ReadFile(fsys, "README.md")
 	require.NoError(t, err)
 	stops, err := readingPath(string(readme))
