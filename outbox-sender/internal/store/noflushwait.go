@@ -45,7 +45,7 @@ func (n noFlushWait) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 		_ = br.Close() // the same error, or nothing more
 		return nil, err
 	}
-	rows, err := br.Query()
+	rows, err := br.Query() //nolint:rowserrcheck // the caller reads the rows and their Err
 	if err != nil {
 		_ = br.Close()
 		return nil, err
