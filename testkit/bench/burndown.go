@@ -494,8 +494,8 @@ func (b *bench) createUser(ctx context.Context, ib *inbox.Inbox, row claimed) (u
 // record writes one batch of answers as the sender's store.Record does
 // for deliveries: in one pgx batch, one implicit transaction bounded by
 // SENDER_DATABASE_TIMEOUT, link the students and mark their rows delivered
-// (one statement), add an attempt event per row (one statement) and trim
-// each row's history (one statement).
+// (one statement), then add an attempt event per row and trim each row's
+// history (one statement).
 func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered) error {
 	var (
 		studentIDs, userIDs, keys []uuid.UUID
@@ -515,7 +515,7 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 		errs = append(errs, "student is already linked to a different user; Users answered "+r.userID.String())
 		keys = append(keys, r.key)
 	}
-	link, events, trim := b.q["LinkStudents"], b.q["RecordEvents"], b.q["TrimHistories"]
+	link, events := b.q["LinkStudents"], b.q["RecordEvents"]
 	ctx, cancel := database.WithDeadline(ctx, senderDBTimeout)
 	defer cancel()
 	linkArgs, err := link.args(map[string]any{
@@ -531,15 +531,10 @@ func (b *bench) record(ctx context.Context, pool *pgxpool.Pool, batch []answered
 	if err != nil {
 		return err
 	}
-	trimArgs, err := trim.args(map[string]any{"outbox_ids": outboxIDs, "keep": int32(senderHistoryKeep)})
-	if err != nil {
-		return err
-	}
 	// One batch, one implicit transaction, as the sender records.
 	batchQ := &pgx.Batch{}
 	batchQ.Queue(link.sql, linkArgs...)
 	batchQ.Queue(events.sql, eventArgs...)
-	batchQ.Queue(trim.sql, trimArgs...)
 	br := pool.SendBatch(ctx, batchQ)
 	defer br.Close()
 	// Each row: the answer's outbox row, whether its student was linked,

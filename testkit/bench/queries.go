@@ -27,7 +27,6 @@ var neededQueries = map[string][]string{
 	"ClaimDue":                {"lease", "claimed_by", "batch_size", "max_age"},
 	"LinkStudents":            {"outbox_ids", "student_ids", "user_ids", "conflict_errors"},
 	"RecordEvents":            {"outbox_ids", "keep", "kind", "actor", "attempts", "outcomes", "reason_classes", "errors", "idempotency_keys"},
-	"TrimHistories":           {"outbox_ids", "keep"},
 }
 
 // query is one statement with its parameters replaced by $1, $2, … as sqlc

@@ -63,8 +63,8 @@ const HistoryKeep = 20
 // conflict itself; ScheduleRetries, MarkDead and RecordPublished each
 // write the events of the rows they did write (a row whose lease another
 // sender took over is that sender's to tell); RecordEvents writes a
-// delivery's event as LinkStudents left the row; and TrimHistories, last,
-// keeps every history short. A statement that fails stops the rest and
+// delivery's event as LinkStudents left the row, trimming those rows'
+// histories; and TrimHistories, last, trims the others'. A statement that fails stops the rest and
 // rolls back the whole batch. And the sender never holds a transaction
 // open while it waits for the network: the server has all of it at once.
 func (s *Store) Record(ctx context.Context, l Lease, batch []Result) (Recorded, error) {
@@ -108,7 +108,10 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 	if e := deliveryEvents(l.Holder, batch); len(e.OutboxIds) > 0 {
 		b.Queue(outboxdb.RecordEvents, e.Kind, e.Actor, e.OutboxIds, e.Attempts, e.Outcomes, e.ReasonClasses, e.Errors, e.IdempotencyKeys, e.Keep)
 	}
-	b.Queue(outboxdb.TrimHistories, w.ids, int32(HistoryKeep))
+	if len(w.told) > 0 {
+		// RecordEvents trims the deliveries' histories itself.
+		b.Queue(outboxdb.TrimHistories, w.told, int32(HistoryKeep))
+	}
 
 	crashpoint.Pause(crashpoint.SenderBeforeRecord)
 	br := s.pool.SendBatch(ctx, b)
@@ -164,7 +167,7 @@ func (w *writes) read(br pgx.BatchResults) (Recorded, error) {
 		}
 		rec.Released = tag.RowsAffected()
 	}
-	// RecordEvents (when queued) and TrimHistories: their errors come with
+	// RecordEvents and TrimHistories (when queued): their errors come with
 	// the batch's end, which Close reports.
 	return rec, nil
 }
@@ -210,8 +213,9 @@ type writes struct {
 	// brokered: the batch came through the broker transport (a publish,
 	// or a publish that failed).
 	brokered bool
-	// ids are every row of the batch.
-	ids []int64
+	// ids are every row of the batch; told, those whose events the
+	// statements that write them add (retries, dead letters, publishes).
+	ids, told []int64
 }
 
 func sortResults(batch []Result) *writes {
@@ -225,6 +229,7 @@ func sortResults(batch []Result) *writes {
 			w.link.UserIds = append(w.link.UserIds, r.UserID)
 			w.link.ConflictErrors = append(w.link.ConflictErrors, cleanError(ConflictError(r.UserID)))
 		case outbox.OutcomeRetry:
+			w.told = append(w.told, r.Row.ID)
 			// A failed publish the broker may have taken after all.
 			w.brokered = w.brokered || r.Class == outbox.ReasonBrokerUnreachable || r.Class == outbox.ReasonBrokerFull
 			w.retries.Ids = append(w.retries.Ids, r.Row.ID)
@@ -233,8 +238,10 @@ func sortResults(batch []Result) *writes {
 			w.retries.Errors = append(w.retries.Errors, cleanError(r.Error))
 			w.retries.ReasonClasses = append(w.retries.ReasonClasses, r.Class)
 		case outbox.OutcomeDead:
+			w.told = append(w.told, r.Row.ID)
 			w.dead(r.Row.ID, r.Row.LeaseToken, r.Error, r.Class)
 		case outbox.OutcomePublished:
+			w.told = append(w.told, r.Row.ID)
 			w.brokered = true
 			w.published.Ids = append(w.published.Ids, r.Row.ID)
 			w.published.LeaseTokens = append(w.published.LeaseTokens, r.Row.LeaseToken)
