@@ -13,9 +13,15 @@ WORKDIR /src
 # Modules change far less often than code: download them in their own layer
 # so an edit to a .go file does not download them again. The fault lab is a
 # module of its own (lab/go.mod), so that the toxiproxy it uses stays out of
-# the go.mod a copier of the pattern inherits.
+# the go.mod a copier of the pattern inherits; so is the test scaffolding
+# (testkit/go.mod), of which the lab takes the invariant checker. The root
+# go.mod names testkit/ and model/ (its tests use them) with a replace
+# directive each, and Go reads a replaced module's go.mod even when no
+# package of it is built: model/go.mod comes too, and nothing else of model/.
 COPY go.mod go.sum ./
 COPY lab/go.mod lab/go.sum lab/
+COPY testkit/go.mod testkit/go.sum testkit/
+COPY model/go.mod model/
 RUN go mod download && cd lab && go mod download
 
 # Only the folders the four binaries import (go list -deps shows them; the
@@ -28,12 +34,12 @@ COPY outbox-sender/ outbox-sender/
 COPY lab/ lab/
 COPY testkit/invariant/ testkit/invariant/
 
-# One workspace of the two modules, as the repository's go.work has it
+# One workspace of the three modules, as the repository's go.work has it
 # (which also names modules the image leaves out). Static binaries (no cgo),
 # so the final image needs no libc. -trimpath keeps build paths out of the
 # binaries, -s -w drops the symbol tables.
 RUN --mount=type=cache,target=/root/.cache/go-build \
-    go work init . ./lab && \
+    go work init . ./lab ./testkit && \
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./services/student ./services/users ./outbox-sender ./lab
 
 # Distroless: no shell and no package manager, and the :nonroot tag runs as

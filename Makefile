@@ -1,15 +1,16 @@
 # The project's commands; `make help` lists them. `make test` is the one CI
 # and the README use.
 GO   ?= go
-# The repository is one workspace (go.work) of four modules: the pattern and
+# The repository is one workspace (go.work) of six modules: the pattern and
 # the example services (go.mod, what a copier inherits), and, each with its
-# own go.mod so that their dependencies stay out of that one, the fault lab
-# (lab/), the deployment checks (deploy/) and the fault-injection suite
-# (e2e/). Every command below covers all four.
-PACKAGES := ./... ./lab/... ./deploy/... ./e2e/...
+# own go.mod so that it is not part of that one, the fault lab (lab/), the
+# deployment checks (deploy/), the fault-injection suite (e2e/), the test
+# scaffolding (testkit/) and the protocol's model (model/). ./... is the
+# root module's packages only. Every command below covers all six.
+PACKAGES := ./... ./lab/... ./deploy/... ./e2e/... ./testkit/... ./model/...
 # sqlc and golangci-lint are Go tools of their own modules under tools/. A
 # tool's -modfile cannot be used in workspace mode, so each is built outside
-# it; golangci-lint then runs inside it, to see all four modules.
+# it; golangci-lint then runs inside it, to see all six modules.
 SQLC := GOWORK=off $(GO) tool -modfile=tools/go.mod sqlc
 LINT  = $(shell GOWORK=off $(GO) tool -modfile=tools/golangci-lint/go.mod -n golangci-lint)
 

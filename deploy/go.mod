@@ -7,6 +7,7 @@ require (
 	github.com/nats-io/nats-server/v2 v2.15.3
 	github.com/outboxref/outboxref v0.0.0-00010101000000-000000000000
 	github.com/outboxref/outboxref/lab v0.0.0-00010101000000-000000000000
+	github.com/outboxref/outboxref/testkit v0.0.0-00010101000000-000000000000
 	github.com/prometheus/common v0.72.0
 	github.com/stretchr/testify v1.12.1
 	go.yaml.in/yaml/v3 v3.0.6
@@ -80,3 +81,5 @@ require (
 replace github.com/outboxref/outboxref => ../
 
 replace github.com/outboxref/outboxref/lab => ../lab
+
+replace github.com/outboxref/outboxref/testkit => ../testkit

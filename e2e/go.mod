@@ -11,6 +11,7 @@ require (
 	github.com/nats-io/nats.go v1.56.0
 	github.com/outboxref/outboxref v0.0.0-00010101000000-000000000000
 	github.com/outboxref/outboxref/deploy v0.0.0-00010101000000-000000000000
+	github.com/outboxref/outboxref/testkit v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
 	github.com/rs/zerolog v1.28.0
@@ -80,3 +81,5 @@ replace github.com/outboxref/outboxref => ../
 replace github.com/outboxref/outboxref/lab => ../lab
 
 replace github.com/outboxref/outboxref/deploy => ../deploy
+
+replace github.com/outboxref/outboxref/testkit => ../testkit

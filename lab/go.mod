@@ -7,6 +7,7 @@ require (
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/outboxref/outboxref v0.0.0-00010101000000-000000000000
+	github.com/outboxref/outboxref/testkit v0.0.0-00010101000000-000000000000
 	github.com/rs/zerolog v1.28.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
@@ -59,3 +60,5 @@ require (
 )
 
 replace github.com/outboxref/outboxref => ../
+
+replace github.com/outboxref/outboxref/testkit => ../testkit

@@ -19,7 +19,7 @@ import (
 // make test, rather than only when someone runs make bench.
 func TestBoundClaimsAndRecords(t *testing.T) {
 	t.Parallel()
-	root, err := moduleRoot()
+	root, err := repoRoot()
 	require.NoError(t, err)
 	qs, err := loadQueries(root)
 	require.NoError(t, err)

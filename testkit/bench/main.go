@@ -243,7 +243,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	if err != nil {
 		return fmt.Errorf("%s: %w", pgtest.EnvVar, err)
 	}
-	root, err := moduleRoot()
+	root, err := repoRoot()
 	if err != nil {
 		return err
 	}

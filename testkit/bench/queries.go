@@ -58,7 +58,7 @@ func (q query) args(named map[string]any) ([]any, error) {
 
 type queries map[string]query
 
-// loadQueries reads every db/queries/*/*.sql under root (the module's root)
+// loadQueries reads every db/queries/*/*.sql under root (the repository's root)
 // and checks that each of neededQueries is there with its parameters.
 func loadQueries(root string) (queries, error) {
 	files, err := filepath.Glob(filepath.Join(root, "db", "queries", "*", "*.sql"))
@@ -204,20 +204,22 @@ func isWordByte(c byte) bool {
 	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
-// moduleRoot finds the directory holding go.mod, from the working directory
-// up: `make bench` runs from the root, `go test` from this package.
-func moduleRoot() (string, error) {
+// repoRoot finds the repository's root, the directory holding go.work,
+// from the working directory up: `make bench` runs from the root, `go test`
+// from this package. (Not the nearest go.mod: testkit/ is a module of its
+// own, and db/queries and the binaries are in the root one.)
+func repoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
-		return "", fmt.Errorf("module root: %w", err)
+		return "", fmt.Errorf("repository root: %w", err)
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("module root: no go.mod above the working directory")
+			return "", errors.New("repository root: no go.work above the working directory")
 		}
 		dir = parent
 	}

@@ -13,7 +13,7 @@ import (
 // its parameters, so the bound cannot drift from the services unnoticed.
 func TestLoadQueries(t *testing.T) {
 	t.Parallel()
-	root, err := moduleRoot()
+	root, err := repoRoot()
 	require.NoError(t, err)
 	qs, err := loadQueries(root)
 	require.NoError(t, err)
