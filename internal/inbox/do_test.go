@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
@@ -139,6 +140,22 @@ func TestDo(t *testing.T) {
 			require.Equal(t, tc.keys, stored(key), "rows of the case's key")
 		})
 	}
+}
+
+// TestDoRefusesCallbacks: an operation's statement with a callback is
+// refused before anything is sent, since Do reads no statement's rows and
+// its error would be lost.
+func TestDoRefusesCallbacks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.URL(t, migrations.Users)
+	admin := pgtest.Connect(t, dbURL)
+	ib := inbox.New(pgtest.ConnectAs(t, dbURL, migrations.UsersApp))
+	b := &pgx.Batch{}
+	b.Queue("SELECT 1").Exec(func(pgconn.CommandTag) error { return nil })
+	_, _, err := ib.Do(ctx, inbox.Key{Caller: "outbox-sender", Value: "k"}, inbox.Request{"a": "b"}, inbox.Op{Outcome: inbox.Outcome{Status: 201}, Effect: b})
+	require.ErrorContains(t, err, "callbacks")
+	require.Zero(t, apitest.Count(t, admin, "SELECT count(*) FROM inbox"))
 }
 
 // errAny: the case expects an error that is neither of the inbox's own.

@@ -200,6 +200,11 @@ func (ib *Inbox) store(ctx context.Context, key Key, req Request, op Op) error {
 		uuid.NullUUID{UUID: op.Outcome.ResourceID, Valid: op.Outcome.ResourceID != uuid.Nil})
 	const keyAt = 1
 	if op.Effect != nil {
+		for _, qq := range op.Effect.QueuedQueries {
+			if qq.Fn != nil {
+				return errors.New("inbox: an operation's statements cannot have callbacks: their errors come back from Do")
+			}
+		}
 		b.QueuedQueries = append(b.QueuedQueries, op.Effect.QueuedQueries...)
 	}
 	br := ib.pool.SendBatch(ctx, b)
@@ -217,8 +222,12 @@ func (ib *Inbox) store(ctx context.Context, key Key, req Request, op Op) error {
 			return fmt.Errorf("%w: %w", ErrConflictInProgress, err)
 		case i > keyAt:
 			return database.Classify(fmt.Errorf("run the operation: %w", err))
+		case i == keyAt:
+			return database.Classify(fmt.Errorf("store the key: %w", err))
 		}
-		return database.Classify(fmt.Errorf("store the key: %w", err))
+		// The lock timeout's statement: pgx also reports here a statement of
+		// the batch it could not prepare or encode.
+		return database.Classify(fmt.Errorf("send the batch: %w", err))
 	}
 	// The batch's end is the commit: an error here is the commit's.
 	if err := br.Close(); err != nil {

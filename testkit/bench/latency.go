@@ -449,8 +449,8 @@ func sampleSlotLag(ctx context.Context, pool *pgxpool.Pool, slot string, every t
 }
 
 // tailOf measures the legs of the students whose creation-to-link latency
-// is at least p99 (tailStages). The legs' ends are the start of Student's
-// transaction (students.created_at), the start and the commit of Users'
+// is at least p99 (tailStages). The legs' ends are Student's clock just
+// before its insert (students.created_at), the start and the commit of Users'
 // (the inbox row's created_at and its last writer's commit: a replay
 // would move that later, and is rare at a steady rate) and the commit that
 // linked the student. The claim's time is its lease's end (available_at)

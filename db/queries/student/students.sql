@@ -7,11 +7,11 @@
 -- already taken fails the statement, and neither row is written. The id and
 -- created_at come from Student, which answers with them before the
 -- statement's result is known (the inbox stores that answer with the
--- key). trace_parent is the request's W3C traceparent, '' (stored as NULL)
+-- key); updated_at stays the database's, as every later change sets it. trace_parent is the request's W3C traceparent, '' (stored as NULL)
 -- when tracing is off: the sender continues that trace on every delivery.
 WITH student AS (
-    INSERT INTO students (id, name, email, document_number, created_at, updated_at)
-    VALUES (@id, @name, @email, @document_number, @created_at, @created_at)
+    INSERT INTO students (id, name, email, document_number, created_at)
+    VALUES (@id, @name, @email, @document_number, @created_at)
     RETURNING id
 )
 INSERT INTO outbox (idempotency_key, operation, student_id, payload, trace_parent)

@@ -60,8 +60,8 @@ func (q *Queries) GetStudent(ctx context.Context, db DBTX, id uuid.UUID) (GetStu
 
 const InsertStudentWithOutbox = `-- name: InsertStudentWithOutbox :exec
 WITH student AS (
-    INSERT INTO students (id, name, email, document_number, created_at, updated_at)
-    VALUES ($5, $6, $7, $8, $9, $9)
+    INSERT INTO students (id, name, email, document_number, created_at)
+    VALUES ($5, $6, $7, $8, $9)
     RETURNING id
 )
 INSERT INTO outbox (idempotency_key, operation, student_id, payload, trace_parent)
@@ -89,7 +89,7 @@ type InsertStudentWithOutboxParams struct {
 // already taken fails the statement, and neither row is written. The id and
 // created_at come from Student, which answers with them before the
 // statement's result is known (the inbox stores that answer with the
-// key). trace_parent is the request's W3C traceparent, ” (stored as NULL)
+// key); updated_at stays the database's, as every later change sets it. trace_parent is the request's W3C traceparent, ” (stored as NULL)
 // when tracing is off: the sender continues that trace on every delivery.
 func (q *Queries) InsertStudentWithOutbox(ctx context.Context, db DBTX, arg InsertStudentWithOutboxParams) error {
 	_, err := db.Exec(ctx, InsertStudentWithOutbox,
