@@ -123,10 +123,11 @@ func TestClaimsGatherABatchUnderBacklog(t *testing.T) {
 	require.Equal(t, n, int(recorded))
 	t.Logf("%d claims of %.1f rows on average, %d recording transactions of %.1f", claims, claimed/float64(claims), records, recorded/float64(records))
 	// Claiming at every free slot averages about 9 rows here, lingering
-	// 20 to 27. The four recorders share the answers: recording only what
+	// 20 to 27 alone, 11.6 in one make test of 2026-12-07 beside the other
+	// packages. The four recorders share the answers: recording only what
 	// has arrived averages 1.2-1.4 per transaction with -race (1.8-2.2
 	// without), lingering 4.4-6.1 (5.6-7.5), and 3.2 in one CI run with
 	// other packages' tests beside it. The floor sits between the two.
-	require.GreaterOrEqual(t, claimed/float64(claims), 12.0, "rows per claim")
+	require.GreaterOrEqual(t, claimed/float64(claims), 10.5, "rows per claim")
 	require.GreaterOrEqual(t, recorded/float64(records), 2.5, "answers per recording transaction")
 }
