@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/database"
@@ -81,29 +82,44 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 	w := sortResults(batch)
 	w.retries.MaxAge, w.published.MaxAge = l.MaxAge, l.MaxAge
 	w.retries.Actor, w.deaths.Actor, w.published.Actor = l.Holder, l.Holder, l.Holder
+	rec := Recorded{Applied: map[int64]bool{}, Conflicts: map[int64]uuid.UUID{}}
+	// applied notes the rows a statement wrote, from its RETURNING.
+	applied := func(rows pgx.Rows) error {
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		rec.apply(ids)
+		return err
+	}
+	// Each statement's text, with its parameters in sqlc's order (its
+	// Params struct's), and what its answer does to rec: pgx reads the
+	// answers in order when the batch is closed.
 	b := &pgx.Batch{}
 	b.Queue(genericPlans)
-	// Each statement's text, with its parameters in sqlc's order (its
-	// Params struct's).
 	if w.brokered {
 		// Only with the broker, where replies are applied beside
 		// recordings (LockRowsForRecord).
 		b.Queue(outboxdb.LockRowsForRecord, w.ids)
 	}
-	if len(w.link.OutboxIds) > 0 {
-		b.Queue(outboxdb.LinkStudents, w.link.OutboxIds, w.link.StudentIds, w.link.UserIds, w.link.ConflictErrors)
+	if k := w.link; len(k.OutboxIds) > 0 {
+		b.Queue(outboxdb.LinkStudents, k.OutboxIds, k.StudentIds, k.UserIds, k.ConflictErrors).Query(func(rows pgx.Rows) error {
+			links, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdb.LinkStudentsRow])
+			rec.linked(links, k)
+			return err
+		})
 	}
 	if r := w.retries; len(r.Ids) > 0 {
-		b.Queue(outboxdb.ScheduleRetries, r.Ids, r.LeaseTokens, r.Delays, r.Errors, r.ReasonClasses, r.MaxAge, r.Actor)
+		b.Queue(outboxdb.ScheduleRetries, r.Ids, r.LeaseTokens, r.Delays, r.Errors, r.ReasonClasses, r.MaxAge, r.Actor).Query(applied)
 	}
 	if d := w.deaths; len(d.Ids) > 0 {
-		b.Queue(outboxdb.MarkDead, d.Ids, d.LeaseTokens, d.Errors, d.ReasonClasses, d.Actor)
+		b.Queue(outboxdb.MarkDead, d.Ids, d.LeaseTokens, d.Errors, d.ReasonClasses, d.Actor).Query(applied)
 	}
 	if p := w.published; len(p.Ids) > 0 {
-		b.Queue(outboxdb.RecordPublished, p.Ids, p.LeaseTokens, p.Seqs, p.Waits, p.Unread, p.MaxAge, p.Actor)
+		b.Queue(outboxdb.RecordPublished, p.Ids, p.LeaseTokens, p.Seqs, p.Waits, p.Unread, p.MaxAge, p.Actor).Query(applied)
 	}
-	if len(w.releases.Ids) > 0 {
-		b.Queue(outboxdb.Release, w.releases.Ids, w.releases.LeaseTokens)
+	if r := w.releases; len(r.Ids) > 0 {
+		b.Queue(outboxdb.Release, r.Ids, r.LeaseTokens).Exec(func(tag pgconn.CommandTag) error {
+			rec.Released = tag.RowsAffected()
+			return nil
+		})
 	}
 	if e := deliveryEvents(l.Holder, batch); len(e.OutboxIds) > 0 {
 		b.Queue(outboxdb.RecordEvents, e.Kind, e.Actor, e.OutboxIds, e.Attempts, e.Outcomes, e.ReasonClasses, e.Errors, e.IdempotencyKeys, e.Keep)
@@ -114,61 +130,11 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 	}
 
 	crashpoint.Pause(crashpoint.SenderBeforeRecord)
-	br := s.pool.SendBatch(ctx, b)
-	defer br.Close()
-	rec, err := w.read(br)
-	if err != nil {
-		return Recorded{}, err
+	// Close reads every answer, and the batch's end is the commit: its
+	// error is the first statement's that failed, or the commit's.
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return Recorded{}, fmt.Errorf("record %d results: %w", len(batch), err)
 	}
-	// The batch's end is the commit: an error here is the commit's.
-	if err := br.Close(); err != nil {
-		return Recorded{}, fmt.Errorf("commit: %w", err)
-	}
-	return rec, nil
-}
-
-// read reads the answers of the statements record queued, in their order.
-func (w *writes) read(br pgx.BatchResults) (Recorded, error) {
-	rec := Recorded{Applied: map[int64]bool{}, Conflicts: map[int64]uuid.UUID{}}
-	if _, err := br.Exec(); err != nil {
-		return rec, fmt.Errorf("use generic plans: %w", err)
-	}
-	if w.brokered {
-		if _, err := br.Exec(); err != nil {
-			return rec, fmt.Errorf("lock the recorded rows: %w", err)
-		}
-	}
-	if len(w.link.OutboxIds) > 0 {
-		rows, _ := br.Query()
-		links, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdb.LinkStudentsRow])
-		if err != nil {
-			return rec, fmt.Errorf("link students: %w", err)
-		}
-		rec.linked(links, w.link)
-	}
-	for _, step := range []struct {
-		n    int
-		what string
-	}{{len(w.retries.Ids), "schedule retries"}, {len(w.deaths.Ids), "dead-letter rows"}, {len(w.published.Ids), "record publishes"}} {
-		if step.n == 0 {
-			continue
-		}
-		rows, _ := br.Query()
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return rec, fmt.Errorf("%s: %w", step.what, err)
-		}
-		rec.apply(ids)
-	}
-	if len(w.releases.Ids) > 0 {
-		tag, err := br.Exec()
-		if err != nil {
-			return rec, fmt.Errorf("release rows: %w", err)
-		}
-		rec.Released = tag.RowsAffected()
-	}
-	// RecordEvents and TrimHistories (when queued): their errors come with
-	// the batch's end, which Close reports.
 	return rec, nil
 }
 

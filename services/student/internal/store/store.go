@@ -113,10 +113,7 @@ func (s *Store) CreateStudent(ctx context.Context, caller, key string, p person.
 		return inbox.Outcome{}, false, err
 	}
 	insert := &pgx.Batch{}
-	// InsertStudentWithOutbox's text, with its parameters in sqlc's order
-	// (InsertStudentWithOutboxParams).
-	insert.Queue(studentdb.InsertStudentWithOutbox, row.IdempotencyKey, row.Operation, row.Payload, row.TraceParent,
-		row.ID, row.Name, row.Email, row.DocumentNumber, row.CreatedAt)
+	queueInsert(insert, row)
 	// Keys are scoped to their caller, as in Users.
 	k := inbox.Key{Caller: caller, Value: key}
 	out, replayed, err = s.Inbox.Do(ctx, k, p.Fields(), inbox.Op{Outcome: created, Effect: insert})
@@ -143,8 +140,7 @@ func (s *Store) createOnce(ctx context.Context, row studentdb.InsertStudentWithO
 	defer cancel()
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(s.Inbox.LockTimeout.Milliseconds(), 10)+"ms")
-	b.Queue(studentdb.InsertStudentWithOutbox, row.IdempotencyKey, row.Operation, row.Payload, row.TraceParent,
-		row.ID, row.Name, row.Email, row.DocumentNumber, row.CreatedAt)
+	queueInsert(b, row)
 	err := s.pool.SendBatch(ctx, b).Close()
 	switch {
 	case documentTaken(err):
@@ -180,6 +176,13 @@ func newStudentRow(p person.Person, traceParent string) (studentdb.InsertStudent
 		// The sender continues this request's trace on every delivery.
 		TraceParent: traceParent,
 	}, nil
+}
+
+// queueInsert queues InsertStudentWithOutbox's text into b, with its
+// parameters in sqlc's order (InsertStudentWithOutboxParams).
+func queueInsert(b *pgx.Batch, row studentdb.InsertStudentWithOutboxParams) {
+	b.Queue(studentdb.InsertStudentWithOutbox, row.IdempotencyKey, row.Operation, row.Payload, row.TraceParent,
+		row.ID, row.Name, row.Email, row.DocumentNumber, row.CreatedAt)
 }
 
 // documentTaken: err is Student's rule, one student per document number,
