@@ -14,7 +14,7 @@ import (
 
 var (
 	// shellBlock is a ```sh block of a page, its commands in group 1.
-	shellBlock = regexp.MustCompile("(?ms)^```sh\n(.*?)^```")
+	shellBlock = regexp.MustCompile("(?s)```sh\n(.*?)\n```")
 	// shellUse is a variable a command expands: $NAME or ${NAME}.
 	shellUse = regexp.MustCompile(`\$\{?([A-Za-z_][A-Za-z0-9_]*)`)
 	// printedVars is a line of make run's block of variables, as
@@ -27,7 +27,7 @@ var (
 func unsetShellVars(page string, given []string) []string {
 	var commands strings.Builder
 	for _, m := range shellBlock.FindAllStringSubmatch(page, -1) {
-		commands.WriteString(m[1])
+		commands.WriteString(m[1] + "\n")
 	}
 	var unset []string
 	for _, m := range shellUse.FindAllStringSubmatch(commands.String(), -1) {
