@@ -130,3 +130,16 @@ func TestDocsConfigCheckerCatchesMistakes(t *testing.T) {
 	tables = configTables(t, "# Configuration\n**lab**\n| `LAB_X` | none | x |\n# Another page's title\n**users**\n| `USERS_X` | `1s` | x |\n")
 	require.Equal(t, map[string]map[string]string{"lab": {"LAB_X": "none"}}, tables)
 }
+
+// TestBadGOMAXPROCSIsReportedWithTheRest: the page says one message names
+// every bad variable, and a bad GOMAXPROCS (Go's own, read by the three
+// services' main) is one of them.
+func TestBadGOMAXPROCSIsReportedWithTheRest(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"GOMAXPROCS": "0", "LOG_LEVEL": "loud"}
+	for _, name := range []string{"student", "users", "outbox-sender"} {
+		err := configLoaders[name](func(k string) string { return env[k] }).Err()
+		require.ErrorContains(t, err, `GOMAXPROCS="0": want a whole number of cores`, name)
+		require.ErrorContains(t, err, `LOG_LEVEL="loud"`, name)
+	}
+}

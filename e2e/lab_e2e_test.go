@@ -11,6 +11,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
@@ -44,9 +46,27 @@ const chromiumPath = "/usr/bin/chromium"
 const labStudents = 100
 
 // labScreenshotEnv, set to "update", makes the test write its screenshot to
-// docs/lab.png, the README's image. CI never sets it, so no run writes into
-// the tree by accident.
+// docs/lab.png, the README's image, and the checksums of the image and
+// of the page it shows to docs/lab.sha256, which a test in docs/ holds
+// the page to. CI never sets it, so no run writes into the tree by
+// accident.
 const labScreenshotEnv = "LAB_SCREENSHOT"
+
+// labPageSource is the page the screenshot shows, from the repository root.
+const labPageSource = "lab/faultlab/page/index.html"
+
+// transitionsJS runs in the page before its own script: it notes each box
+// of the flow and tile of the checker whose colour has run a transition,
+// so that the test can tell a box that was green at once from one that
+// faded in from white.
+const transitionsJS = `window.labTransitions = [];
+document.addEventListener("transitionrun", (ev) => {
+  const el = ev.target;
+  const name = el.dataset.hop || el.id;
+  if (el.classList && (el.classList.contains("hop") || el.classList.contains("tile")) && !window.labTransitions.includes(name)) {
+    window.labTransitions.push(name);
+  }
+}, true);`
 
 // pageNumbers are the ids of the page's numbers, each holding only the
 // number as text once the page has read /api/state.
@@ -90,6 +110,11 @@ func TestLabInBrowser(t *testing.T) {
 	first := page.waitFor("the page shows a refresh", 20*time.Second, func(v pageView) bool { return v.refreshed() && v.num("students-total") == 0 })
 	page.waitFor("the page refreshes again", 10*time.Second, func(v pageView) bool { return v.refreshed() && v["updated"] != first["updated"] })
 	require.Empty(t, first["errors"], "the page shows errors before anything was broken")
+	// The system was ready before the page opened: its boxes and tiles
+	// take their colours with the first reading, none fading in.
+	faded, err := chromedp.Run(page.ctx, chromedp.Evaluate[string](`JSON.stringify(window.labTransitions)`))
+	require.NoError(t, err)
+	require.Equal(t, "[]", faded, "a healthy box is green at once, at load: these faded in from white")
 
 	// 2. Answer drops on.
 	page.do("check #drop-answers", chromedp.Click(chromedp.ID("drop-answers")))
@@ -392,6 +417,8 @@ func openLabPage(t *testing.T, ctx context.Context, sys *labSystem) *labPage {
 
 	navCtx, cancel := context.WithTimeout(tab, 30*time.Second)
 	defer cancel()
+	_, err = chromedp.Call(navCtx, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: transitionsJS})
+	require.NoError(t, err, "Chromium could not take the script that notes transitions; see %s", chromiumLog.Name())
 	require.NoError(t, chromedp.Do(navCtx, chromedp.Navigate("http://"+sys.labHTTP+"/")), "Chromium could not open the lab's page; see %s", chromiumLog.Name())
 	t.Logf("Chromium opened http://%s/", sys.labHTTP)
 	return p
@@ -575,7 +602,8 @@ func (p *labPage) waitFor(what string, timeout time.Duration, cond func(pageView
 }
 
 // screenshot takes a full-page PNG into the test's temporary folder and the
-// logs folder, and into docs/lab.png when LAB_SCREENSHOT=update.
+// logs folder, and into docs/lab.png when LAB_SCREENSHOT=update, with
+// docs/lab.sha256.
 //
 // The quality is 100 because chromedp takes a JPEG at any other quality,
 // and docs/lab.png must be a PNG.
@@ -584,6 +612,10 @@ func (p *labPage) screenshot() {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
 	defer cancel()
+	// A box that has just changed colour (the lab's, at the heal) fades
+	// for a moment: the picture waits until nothing on the page moves.
+	_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](`document.getAnimations().length === 0`, chromedp.WithPollingTimeout(10*time.Second)))
+	require.NoError(t, err, "the page was still fading 10 s after the test's last step")
 	img, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err, "full-page screenshot")
 	cfg, err := png.DecodeConfig(bytes.NewReader(img))
@@ -595,6 +627,15 @@ func (p *labPage) screenshot() {
 	for _, path := range paths {
 		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
 		require.NoError(t, os.WriteFile(path, img, 0o644))
+	}
+	if os.Getenv(labScreenshotEnv) == "update" {
+		// The page the binary embedded: the suite built it from this tree.
+		source, err := os.ReadFile(filepath.Join(suite.root, labPageSource))
+		require.NoError(t, err)
+		// As sha256sum writes them, so that `sha256sum -c docs/lab.sha256`
+		// checks them too, from the repository root.
+		sums := fmt.Sprintf("%x  docs/lab.png\n%x  %s\n", sha256.Sum256(img), sha256.Sum256(source), labPageSource)
+		require.NoError(t, os.WriteFile(filepath.Join(suite.root, "docs", "lab.sha256"), []byte(sums), 0o644))
 	}
 	t.Logf("screenshot %dx%d, %d KiB, written to %s", cfg.Width, cfg.Height, len(img)/1024, strings.Join(paths, ", "))
 }

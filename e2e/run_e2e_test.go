@@ -4,8 +4,8 @@ package e2e
 
 // TestMakeRun runs the system the way the README's first screen says,
 // `make run`, on ports of its own, and does with it what a newcomer does:
-// the README's curl session, then the runbook's poison row, both as the
-// docs print them. The fault lab's page data must then show nothing lost,
+// the README's curl session, the contract's rows and the runbook's poison
+// row, as the docs print them. The fault lab's page data must then show nothing lost,
 // duplicated, mislinked or unexpected, and one user for each student, the
 // operator's own user counted apart. Ctrl-C must stop everything.
 
@@ -74,7 +74,21 @@ func TestMakeRun(t *testing.T) {
 	require.Contains(t, session, "HTTP/1.1 201 Created")
 	require.Contains(t, session, `"state":"linked"`, "the student is linked a moment later")
 	require.Contains(t, session, `"name":"Ada Lovelace","email":"ada@example.com"`, "Users shows the user, to the operator's token")
-	require.Contains(t, session, `"next_cursor":null`)
+	// The pages, as the session's comments show them: Ada with a cursor,
+	// then Grace on the last page. (A student holds no list: no "]"
+	// before the page's own.)
+	require.Regexp(t, `\{"items":\[\{"id":"[^"]+","name":"Ada Lovelace",[^\]]*\],"next_cursor":"[^"]+"\}`, session)
+	require.Regexp(t, `\{"items":\[\{"id":"[^"]+","name":"Grace Hopper",[^\]]*\],"next_cursor":null\}`, session)
+
+	// The contract's rows against Users, as docs/contract.md prints them.
+	contract := shell(t, ctx, vars+"\nUDB="+udb,
+		docBlock(t, "docs/contract.md", "Try each row with curl", 0)+docBlock(t, "docs/contract.md", "The in-progress row", 0))
+	for _, want := range []string{
+		`Bearer realm="users"`, `error="invalid_token"`, "HTTP/1.1 201 Created", "Idempotent-Replayed: true",
+		"HTTP/1.1 422", "HTTP/1.1 409", "HTTP/1.1 400", "Retry-After: 1",
+	} {
+		require.Contains(t, contract, want, "docs/contract.md's curl rows")
+	}
 
 	// The runbook's poison row, through both modes, as printed there.
 	runbook := shell(t, ctx, vars+"\nUDB="+udb, docBlock(t, "docs/runbook.md", "**A poison row through both modes.**", 0))
@@ -103,15 +117,15 @@ func TestMakeRun(t *testing.T) {
 			return false
 		}
 		defer resp.Body.Close()
-		return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Counts.Students.Linked == 2
-	}, 10*time.Second, 100*time.Millisecond, "the lab shows both students linked")
+		return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Counts.Students.Linked == 3
+	}, 10*time.Second, 100*time.Millisecond, "the lab shows the three students linked")
 	require.Len(t, st.Checker, 4)
 	for _, c := range st.Checker {
 		require.Zero(t, c.Count, "the lab's checker: %s", c.Name)
 	}
-	require.Equal(t, 2, st.Counts.Students.Total)
-	require.Equal(t, 2, st.Counts.OwnUsers, "one user each")
-	require.Equal(t, 1, st.Counts.Foreign, "the operator's user, apart")
+	require.Equal(t, 3, st.Counts.Students.Total)
+	require.Equal(t, 3, st.Counts.OwnUsers, "one user each")
+	require.Equal(t, 2, st.Counts.Foreign, "the operator's users (the contract's and the runbook's), apart")
 
 	// Ctrl-C stops everything, and removes the throwaway cluster.
 	logs := printedValue(printed.String(), "logs")

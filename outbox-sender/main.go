@@ -16,11 +16,8 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := service.SetProcs(os.Getenv) // one core unless GOMAXPROCS says otherwise
-	if err == nil {
-		err = sender.Run(ctx, os.Args[1:], os.Getenv, os.Stdout)
-	}
-	if err != nil {
+	service.SetProcs(os.Getenv) // one core unless GOMAXPROCS says otherwise
+	if err := sender.Run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "outbox-sender:", err)
 		os.Exit(1)
 	}

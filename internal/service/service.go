@@ -25,6 +25,7 @@ import (
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/database"
+	"github.com/outboxref/outboxref/internal/envconfig"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/telemetry"
 )
@@ -284,18 +285,23 @@ func healthcheck(ctx context.Context, addr string, stdout io.Writer) error {
 const DefaultProcs = 1
 
 // SetProcs gives the process DefaultProcs, unless GOMAXPROCS is set: the
-// Go runtime has applied that already. A value the runtime would ignore
-// (not a whole number above zero) is an error, not a silent fall back to
-// every core. main calls it, not Run, since it is the whole process's
-// setting, and tests that call Run in their own process keep theirs.
-func SetProcs(getenv func(string) string) error {
-	v := getenv("GOMAXPROCS")
-	if v == "" {
+// Go runtime has applied that already, or ignored a value it cannot use,
+// which the binary's configuration then refuses (CheckProcs). main calls
+// it, not Run, since it is the whole process's setting, and tests that
+// call Run in their own process keep theirs.
+func SetProcs(getenv func(string) string) {
+	if getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(DefaultProcs)
-		return nil
 	}
-	if n, err := strconv.Atoi(v); err != nil || n < 1 {
-		return fmt.Errorf("GOMAXPROCS=%q: want a whole number of cores, 1 or more", v)
-	}
-	return nil
+}
+
+// CheckProcs adds to e's errors a GOMAXPROCS the Go runtime would ignore
+// (not a whole number above zero), running on every core instead: it is
+// a mistake in the binary's configuration, reported with the others.
+// GOMAXPROCS is Go's variable, not the binary's, so it is not among e's
+// variables.
+func CheckProcs(e *envconfig.Reader, getenv func(string) string) {
+	v := getenv("GOMAXPROCS")
+	n, err := strconv.Atoi(v)
+	e.Check(v == "" || err == nil && n >= 1, "GOMAXPROCS=%q: want a whole number of cores, 1 or more", v)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/internal/envconfig"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
@@ -56,7 +57,7 @@ func TestBinaryBoundsItsDatabase(t *testing.T) {
 
 // TestSetProcs: without GOMAXPROCS the process runs Go code on
 // DefaultProcs cores; with it, SetProcs leaves what the runtime read from
-// it, and a value the runtime would ignore is an error naming it. Not
+// it, and a bad value changes nothing (CheckProcs refuses it). Not
 // parallel: GOMAXPROCS is the whole test process's, and is put back
 // afterwards.
 func TestSetProcs(t *testing.T) { //nolint:paralleltest // changes the process's GOMAXPROCS
@@ -70,15 +71,34 @@ func TestSetProcs(t *testing.T) { //nolint:paralleltest // changes the process's
 	}
 
 	runtime.GOMAXPROCS(3)
-	require.NoError(t, SetProcs(env("3")))
+	SetProcs(env("3"))
 	require.Equal(t, 3, runtime.GOMAXPROCS(0), "GOMAXPROCS set: left as the runtime applied it")
+	SetProcs(env("0"))
+	require.Equal(t, 3, runtime.GOMAXPROCS(0), "a bad value changes nothing")
 
-	for _, bad := range []string{"0", "-1", "two", "1.5"} {
-		err := SetProcs(env(bad))
-		require.ErrorContains(t, err, "GOMAXPROCS=\""+bad+"\"")
-		require.Equal(t, 3, runtime.GOMAXPROCS(0), "a bad value changes nothing")
-	}
-
-	require.NoError(t, SetProcs(env("")))
+	SetProcs(env(""))
 	require.Equal(t, DefaultProcs, runtime.GOMAXPROCS(0))
+}
+
+// TestCheckProcs: a GOMAXPROCS the runtime would ignore is a configuration
+// error, in the one message that names every bad variable.
+func TestCheckProcs(t *testing.T) {
+	t.Parallel()
+	for _, good := range []string{"", "1", "16"} {
+		e := envconfig.New(func(string) string { return good })
+		CheckProcs(e, func(string) string { return good })
+		require.NoError(t, e.Err(), "GOMAXPROCS=%q", good)
+	}
+	for _, bad := range []string{"0", "-1", "two", "1.5"} {
+		getenv := func(name string) string {
+			return map[string]string{"GOMAXPROCS": bad, "LOG_LEVEL": "loud"}[name]
+		}
+		e := envconfig.New(getenv)
+		e.OneOf("LOG_LEVEL", "info", "info", "debug")
+		CheckProcs(e, getenv)
+		err := e.Err()
+		require.ErrorContains(t, err, `LOG_LEVEL="loud"`)
+		require.ErrorContains(t, err, `GOMAXPROCS="`+bad+`": want a whole number of cores, 1 or more`)
+		require.NotContains(t, e.Names(), "GOMAXPROCS", "Go's variable, not one of the binary's")
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/envconfig"
 	"github.com/outboxref/outboxref/internal/natsbus"
+	"github.com/outboxref/outboxref/internal/service"
 	"github.com/outboxref/outboxref/outbox-sender/deadletter"
 )
 
@@ -226,6 +227,9 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e.Check(c.DatabaseTimeout < c.Lease,
 		"SENDER_DATABASE_TIMEOUT=%s must be shorter than SENDER_LEASE=%s: a claim that outlasts the lease hands out rows another sender may claim too",
 		c.DatabaseTimeout, c.Lease)
+	// GOMAXPROCS is Go's own, applied by main (service.SetProcs); a bad one
+	// is reported here, with the rest.
+	service.CheckProcs(e, getenv)
 	return c, e, e.Err()
 }
 

@@ -42,6 +42,14 @@ const (
 	portCount        = 9
 )
 
+// portNames says what listens at each offset, for the message when a port
+// is taken; docs/running-without-docker.md's table names them the same
+// (config_test.go).
+var portNames = [portCount]string{
+	"Student's API", "Users' API", "the sender's admin port", "the fault lab's proxy", "the fault lab's page",
+	"Student's admin port", "Users' admin port", "PostgreSQL", "NATS",
+}
+
 func loadConfig(getenv func(string) string) (config, error) {
 	e := envconfig.New(getenv)
 	c := config{
@@ -77,9 +85,7 @@ func (c config) url(offset int) string {
 // checkPorts fails, naming the port and what it is for, when one is taken:
 // better at once than a process that cannot listen halfway through.
 func (c config) checkPorts(throwaway bool) error {
-	names := []string{"Student's API", "Users' API", "the sender's admin port", "the lab's proxy", "the lab's page",
-		"Student's admin port", "Users' admin port", "PostgreSQL", "NATS"}
-	for offset, name := range names {
+	for offset, name := range portNames {
 		if offset == portPostgres && !throwaway || offset == portNATS && c.transport != "nats" {
 			continue
 		}

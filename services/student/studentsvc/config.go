@@ -100,5 +100,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// Optional: without it the lab's reader cannot log in.
 		{Role: migrations.LabReader, Variable: "LAB_STUDENT_DATABASE_PASSWORD", Password: e.Secret("LAB_STUDENT_DATABASE_PASSWORD")},
 	}
+	// GOMAXPROCS is Go's own, applied by main (service.SetProcs); a bad one
+	// is reported here, with the rest.
+	service.CheckProcs(e, getenv)
 	return c, e, e.Err()
 }
