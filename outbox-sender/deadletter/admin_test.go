@@ -2,8 +2,11 @@ package deadletter
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -60,4 +63,24 @@ func TestAdminProblemTypesResolve(t *testing.T) {
 		require.Equal(t, http.StatusOK, res.Status, typ)
 		require.Equal(t, "text/html; charset=utf-8", res.Header.Get("Content-Type"), typ)
 	}
+}
+
+// TestRunbookBulkAnswerIsTrue: the bulk redrive's answer in
+// docs/runbook.md is the answer's form: no field missing, none that is
+// not there, and its counts agree.
+func TestRunbookBulkAnswerIsTrue(t *testing.T) {
+	t.Parallel()
+	page, err := os.ReadFile("../../docs/runbook.md")
+	require.NoError(t, err)
+	_, after, ok := strings.Cut(string(page), "A bulk redrive answers, for instance, `")
+	require.True(t, ok, "the runbook shows a bulk redrive's answer")
+	example, _, _ := strings.Cut(after, "`")
+	dec := json.NewDecoder(strings.NewReader(example))
+	dec.DisallowUnknownFields()
+	var b Bulk
+	require.NoError(t, dec.Decode(&b), "%s", example)
+	again, err := json.Marshal(b)
+	require.NoError(t, err)
+	require.JSONEq(t, example, string(again), "every field the answer writes is in the example")
+	require.Equal(t, len(b.IDs), b.Matched)
 }

@@ -274,7 +274,25 @@ func (o *Operator) bulkCommand(ctx context.Context, args []string, stdout io.Wri
 	if err != nil {
 		return err
 	}
-	return printJSON(stdout, res)
+	if err := printJSON(stdout, res); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(stdout, o.skippedLine(res))
+	return err
+}
+
+// skippedLine says what a bulk redrive passed by, and what the operator
+// can do about each: the reasons of the mode it ran in (the other mode's
+// reason never holds).
+func (o *Operator) skippedLine(b Bulk) string {
+	guard := fmt.Sprintf("%d whose key Users may forget before a retry ends (minted over %s ago: "+
+		"look in Users for the student's user; if none holds the document number, --force)", b.Skipped.KeyMayBeForgotten, o.KeyWindow)
+	if b.Mode == outbox.RedriveNewOperation {
+		guard = fmt.Sprintf("%d whose old key may have created a user (--mode retry, or check Users for the row's keys, then --force)",
+			b.Skipped.NewKeyUnsafe)
+	}
+	return fmt.Sprintf("skipped: %d at the redrive limit (SENDER_MAX_REDRIVES=%d: read the row's history with dead show, fix the cause, raise the limit), "+
+		"%s, %d busy (locked by another transaction: run again)", b.Skipped.RedriveLimit, o.MaxRedrives, guard, b.Skipped.Busy)
 }
 
 // printJSON prints v as indented JSON. encoding/json escapes C0 controls

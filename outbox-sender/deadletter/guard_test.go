@@ -1,7 +1,9 @@
 package deadletter
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -96,6 +98,7 @@ func TestRedriveLimit(t *testing.T) {
 	bulk, err := o.RedriveMatching(context.Background(), BulkFilter{Mode: "retry", Max: 10})
 	require.NoError(t, err)
 	require.Zero(t, bulk.Matched, "a bulk redrive passes the row by")
+	require.Equal(t, 1, bulk.Skipped.RedriveLimit, "and says why")
 	require.Equal(t, 3, count(t, pool, "SELECT cardinality(previous_keys) FROM outbox"))
 	require.Equal(t, 3, count(t, pool, "SELECT redrives FROM outbox WHERE state = 'dead'"))
 
@@ -135,8 +138,9 @@ func TestRedriveOfALockedRow(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.Status, "%s", res.Body)
 	var bulk Bulk
 	res.JSON(t, &bulk)
-	require.Equal(t, 2, bulk.Matched)
-	require.Equal(t, 1, bulk.Redriven, "the locked row is passed by")
+	require.Equal(t, 1, bulk.Matched)
+	require.Equal(t, 1, bulk.Redriven)
+	require.Equal(t, 1, bulk.Skipped.Busy, "the locked row is passed by, and counted")
 	require.NoError(t, tx.Rollback(context.Background()))
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead' AND id = $1", locked))
 }
@@ -174,6 +178,7 @@ func TestRetryOfAKeyUsersMayForget(t *testing.T) {
 	bulk, err := o.RedriveMatching(ctx, BulkFilter{Mode: outbox.RedriveRetry, Max: 10})
 	require.NoError(t, err)
 	require.Zero(t, bulk.Matched, "a bulk retry passes the row by")
+	require.Equal(t, 1, bulk.Skipped.KeyMayBeForgotten, "and says why")
 
 	srv := operatorAPI(t, pool, o)
 	res := apitest.Do(t, http.MethodPost, fmt.Sprintf("%s/outbox/%d/redrive", srv.URL, id), `{"mode":"retry"}`)
@@ -201,4 +206,105 @@ func operatorAPI(t *testing.T, pool *pgxpool.Pool, o *Operator) *httptest.Server
 	srv := httptest.NewServer(apitest.WithToken(r, operatorToken))
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// TestBulkRedriveSaysWhatItPassedBy: a bulk redrive, dry or not, through
+// the API and the command line, counts each row it passes by under its
+// reason (at the redrive limit, a key Users may forget, a new key that is
+// not safe, locked by another transaction), and the matched rows and the
+// skipped ones add up to the filter's dead rows as far as the walk went.
+func TestBulkRedriveSaysWhatItPassedBy(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, migrations.Student)
+	addStudents(t, pool, 6)
+	sender := pgtest.As(t, pool, migrations.OutboxSender)
+	ctx := context.Background()
+	// Oldest death first: at the limit (its key old too, counted once),
+	// one to take, a key past the window (and not safe for a new key),
+	// one locked, two more to take.
+	var ids []int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT array_agg(id ORDER BY id) FROM outbox").Scan(&ids))
+	limit, first, oldKey, locked, rest := ids[0], ids[1], ids[2], ids[3], ids[4:]
+	_, err := pool.Exec(ctx, `UPDATE outbox SET state = 'dead', reason_class = 'refused',
+		dead_at = '2026-01-01T00:00:00Z'::timestamptz + array_position($1::bigint[], id) * interval '1 minute'`, ids)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE outbox SET redrives = 3, key_minted_at = now() - interval '2 hours' WHERE id = $1", limit)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE outbox SET reason_class = 'expired', key_minted_at = now() - interval '2 hours' WHERE id = $1", oldKey)
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, "SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE", locked)
+	require.NoError(t, err)
+
+	o := New(sender, "test", 0)
+	o.MaxRedrives, o.KeyWindow = 3, time.Hour
+	srv := operatorAPI(t, pool, o)
+	bulk := func(body string) (Bulk, map[string]any) {
+		t.Helper()
+		res := apitest.Do(t, http.MethodPost, srv.URL+"/outbox/redrive", body)
+		require.Equal(t, http.StatusOK, res.Status, "%s", res.Body)
+		var b Bulk
+		res.JSON(t, &b)
+		var raw struct{ Skipped map[string]any }
+		res.JSON(t, &raw)
+		return b, raw.Skipped
+	}
+	skipped := func(limit, newKey, keyAge, busy int) Skipped {
+		return Skipped{RedriveLimit: limit, NewKeyUnsafe: newKey, KeyMayBeForgotten: keyAge, Busy: busy}
+	}
+	dead := `SELECT count(*) FROM outbox WHERE state = 'dead'`
+
+	b, raw := bulk(`{"mode":"retry","dry_run":true}`)
+	require.Equal(t, map[string]any{"redrive-limit": 1.0, "new-key-unsafe": 0.0, "key-may-be-forgotten": 1.0, "busy": 1.0}, raw,
+		"every reason is written, 0 when none")
+	require.Equal(t, Bulk{Mode: "retry", DryRun: true, Matched: 3, IDs: append([]int64{first}, rest...), Skipped: skipped(1, 0, 1, 1)}, b)
+	b, _ = bulk(`{"mode":"retry","dry_run":true,"force":true}`)
+	require.Equal(t, []int64{first, oldKey, rest[0], rest[1]}, b.IDs, "forced, a key past the window is taken")
+	require.Equal(t, skipped(1, 0, 0, 1), b.Skipped)
+	b, _ = bulk(`{"mode":"new-operation","dry_run":true}`)
+	require.Equal(t, 3, b.Matched)
+	require.Equal(t, skipped(1, 1, 0, 1), b.Skipped, "an expired row's old key may have created a user")
+	b, _ = bulk(`{"mode":"retry","dry_run":true,"max":1}`)
+	require.Equal(t, []int64{first}, b.IDs)
+	require.Equal(t, skipped(1, 0, 0, 0), b.Skipped, "the walk ends at the last row it takes")
+	require.Equal(t, 6, count(t, pool, dead), "a dry run changes nothing")
+
+	// The command line says the same, and says it in words.
+	cli := Command(3*time.Second, 3, time.Hour)
+	run := func(args ...string) (Bulk, string) {
+		t.Helper()
+		var out bytes.Buffer
+		require.NoError(t, cli(ctx, sender, args, &out))
+		text, line, ok := strings.Cut(strings.TrimSuffix(out.String(), "\n"), "\nskipped: ")
+		require.True(t, ok, "a line of what was skipped after the answer: %q", out.String())
+		var b Bulk
+		require.NoError(t, json.Unmarshal([]byte(text), &b), "%s", text)
+		return b, line
+	}
+	b, line := run("redrive-all", "--mode", "retry", "--dry-run")
+	require.Equal(t, skipped(1, 0, 1, 1), b.Skipped)
+	require.Equal(t, "1 at the redrive limit (SENDER_MAX_REDRIVES=3: read the row's history with dead show, fix the cause, raise the limit), "+
+		"1 whose key Users may forget before a retry ends (minted over 1h0m0s ago: look in Users for the student's user; "+
+		"if none holds the document number, --force), 1 busy (locked by another transaction: run again)", line)
+	_, line = run("redrive-all", "--mode", "new-operation", "--dry-run")
+	require.Contains(t, line, "1 at the redrive limit")
+	require.Contains(t, line, "1 whose old key may have created a user (--mode retry, or check Users for the row's keys, then --force), 1 busy")
+
+	// Redriven: what it matched is what it redrove; the rest stays dead.
+	b, _ = bulk(`{"mode":"retry"}`)
+	require.Equal(t, Bulk{Mode: "retry", Matched: 3, Redriven: 3, IDs: append([]int64{first}, rest...), Skipped: skipped(1, 0, 1, 1)}, b)
+	require.Equal(t, 3, count(t, pool, dead))
+	b, line = run("redrive-all", "--mode", "retry", "--force")
+	require.Equal(t, Bulk{Mode: "retry", Matched: 1, Redriven: 1, IDs: []int64{oldKey}, Skipped: skipped(1, 0, 0, 1)}, b)
+	require.Contains(t, line, "0 whose key Users may forget")
+	require.Equal(t, 2, count(t, pool, dead))
+
+	require.NoError(t, tx.Rollback(ctx))
+	b, _ = bulk(`{"mode":"new-operation"}`)
+	require.Equal(t, Bulk{Mode: "new-operation", Matched: 1, Redriven: 1, IDs: []int64{locked}, Skipped: skipped(1, 0, 0, 0)}, b,
+		"the lock let go, the row is taken")
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead' AND id = $1", limit))
+	require.Equal(t, 5, count(t, pool, "SELECT count(*) FROM outbox_events WHERE kind = 'redrive'"))
 }

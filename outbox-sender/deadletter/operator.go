@@ -277,51 +277,86 @@ type BulkFilter struct {
 	ReasonClass string    // "" for any
 	DeadSince   time.Time // dead at or after
 	DeadUntil   time.Time // and before; zero for no bound
-	Max         int       // at most this many rows, oldest death first
+	Max         int       // take at most this many rows, oldest death first
 	DryRun      bool      // say what would be redriven, change nothing
 	Force       bool      // new-operation also for rows not in outbox.NewKeySafe; retry also for keys past KeyWindow
 }
 
-// Bulk is what a bulk redrive did, or would do.
+// Bulk is what a bulk redrive did, or would do. Matched rows are the ones
+// it redrives (a dry run: would redrive), listed in IDs. Skipped counts
+// the rows it passed by on its way through the filter's dead rows, oldest
+// death first: Matched plus the skipped counts are the filter's dead rows
+// up to the last one matched when Max were matched, and all of them
+// otherwise.
 type Bulk struct {
 	Mode     string  `json:"mode"`
 	DryRun   bool    `json:"dry_run"`
 	Matched  int     `json:"matched"`
 	Redriven int     `json:"redriven"`
 	IDs      []int64 `json:"ids"`
+	Skipped  Skipped `json:"skipped"`
 }
 
-// RedriveMatching redrives up to f.Max dead rows that match f.
+// Skipped is why a bulk redrive passed rows by, each row counted once,
+// under the first reason that holds, in this order. Every count is
+// written, 0 when none, so that a script may read any of them.
+type Skipped struct {
+	// RedriveLimit: redriven SENDER_MAX_REDRIVES times (ErrRedriveLimit).
+	RedriveLimit int `json:"redrive-limit"`
+	// NewKeyUnsafe: new-operation, not forced, and the old key may have
+	// created a user (ErrNewKeyUnsafe).
+	NewKeyUnsafe int `json:"new-key-unsafe"`
+	// KeyMayBeForgotten: retry, not forced, and the key is older than
+	// KeyWindow (ErrKeyMayBeForgotten).
+	KeyMayBeForgotten int `json:"key-may-be-forgotten"`
+	// Busy: another transaction held the row's lock (ErrRowBusy).
+	Busy int `json:"busy"`
+}
+
+// RedriveMatching redrives up to f.Max dead rows that match f, and says
+// what it passed by and why.
 func (o *Operator) RedriveMatching(ctx context.Context, f BulkFilter) (Bulk, error) {
-	ids, err := o.store.FindDead(ctx, store.DeadFilter{
+	if err := checkRedriveMode(f.Mode); err != nil {
+		return Bulk{}, err
+	}
+	filter := store.DeadFilter{
 		ReasonClass: f.ReasonClass, Since: f.DeadSince, Until: f.DeadUntil, Max: f.Max,
 		NewKey: f.Mode == outbox.RedriveNewOperation, Force: f.Force, MaxRedrives: o.MaxRedrives, KeyWindow: o.KeyWindow,
-	})
+	}
+	var found store.Found
+	var err error
+	out := Bulk{Mode: f.Mode, DryRun: f.DryRun}
+	if f.DryRun {
+		found, err = o.store.FindDead(ctx, filter)
+	} else {
+		var done []store.Redriven
+		found, done, err = o.store.RedriveDead(ctx, filter, o.actorOf(ctx))
+		out.Redriven = len(done)
+		o.redrives.WithLabelValues(f.Mode).Add(float64(len(done)))
+	}
 	if err != nil {
 		return Bulk{}, err
 	}
-	out := Bulk{Mode: f.Mode, DryRun: f.DryRun, Matched: len(ids), IDs: ids}
-	if f.DryRun || len(ids) == 0 {
-		if out.IDs == nil {
-			out.IDs = []int64{}
-		}
-		return out, nil
+	out.Matched, out.IDs = len(found.IDs), found.IDs
+	if out.IDs == nil {
+		out.IDs = []int64{}
 	}
-	done, err := o.redrive(ctx, ids, f.Mode, f.Force)
-	if err != nil {
-		return Bulk{}, err
-	}
-	out.Redriven, out.IDs = len(done), make([]int64, len(done))
-	for i, d := range done {
-		out.IDs[i] = d.ID
-	}
+	out.Skipped = Skipped{RedriveLimit: found.RedriveLimit, NewKeyUnsafe: found.NewKeyUnsafe,
+		KeyMayBeForgotten: found.KeyMayBeForgotten, Busy: found.Busy}
 	return out, nil
+}
+
+func checkRedriveMode(mode string) error {
+	if mode != outbox.RedriveRetry && mode != outbox.RedriveNewOperation {
+		return fmt.Errorf("redrive mode %q: want %s or %s", mode, outbox.RedriveRetry, outbox.RedriveNewOperation)
+	}
+	return nil
 }
 
 // redrive brings the rows of ids that are still dead back.
 func (o *Operator) redrive(ctx context.Context, ids []int64, mode string, force bool) ([]Redriven, error) {
-	if mode != outbox.RedriveRetry && mode != outbox.RedriveNewOperation {
-		return nil, fmt.Errorf("redrive mode %q: want %s or %s", mode, outbox.RedriveRetry, outbox.RedriveNewOperation)
+	if err := checkRedriveMode(mode); err != nil {
+		return nil, err
 	}
 	rows, err := o.store.Redrive(ctx, ids, mode, force, o.MaxRedrives, o.KeyWindow, o.actorOf(ctx))
 	if err != nil {

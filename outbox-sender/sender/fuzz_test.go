@@ -120,8 +120,11 @@ func FuzzSenderAdminAPI(f *testing.F) {
 			if req.URL.Path == "/outbox/redrive" {
 				var bulk deadletter.Bulk
 				require.NoError(t, json.Unmarshal(body, &bulk), "%s", body)
+				require.Len(t, bulk.IDs, bulk.Matched, "%s", body)
 				if bulk.DryRun {
 					require.Equal(t, before, state(t), "a dry run changes nothing")
+				} else {
+					require.Equal(t, bulk.Matched, bulk.Redriven, "every row matched is redriven, or counted as skipped: %s", body)
 				}
 				return map[string]int{"outbox_events": bulk.Redriven}
 			}

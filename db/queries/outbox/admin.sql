@@ -33,19 +33,60 @@ FROM outbox_events
 WHERE outbox_id = @outbox_id
 ORDER BY id;
 
--- name: FindDead :many
--- The dead rows a bulk redrive would take, oldest death first (with the
--- same rules as Redrive for a new key, a key's age and the redrive limit;
--- @new_key_safe is outbox.NewKeySafe).
-SELECT o.id
-FROM outbox o
-WHERE o.state = 'dead' AND o.redrives < @max_redrives::integer
-  AND (@reason_class::text = '' OR o.reason_class = @reason_class::text)
-  AND (NOT @new_key::boolean OR @force::boolean OR o.reason_class = ANY(@new_key_safe::text[]))
-  AND (@new_key::boolean OR @force::boolean OR o.key_minted_at > now() - @key_window::interval)
-  AND o.dead_at >= @since::timestamptz AND o.dead_at < @until::timestamptz
-ORDER BY o.dead_at, o.id
-LIMIT @max_rows;
+-- name: FindDead :one
+-- A bulk redrive's walk through the dead rows of a filter, oldest death
+-- first: the ids of up to @max_rows rows it takes (with the same rules as
+-- Redrive; @new_key_safe is outbox.NewKeySafe), and how many rows it
+-- passed by on the way, counted once each under the first reason that
+-- holds. The walk ends at the last row taken when it took @max_rows, and
+-- takes in every row of the filter otherwise.
+--
+-- The rows taken are locked FOR UPDATE SKIP LOCKED, as Redrive locks them:
+-- in the caller's transaction they stay as they are until it redrives
+-- them, and a row another transaction holds is passed by, not waited for.
+-- Every part of one statement reads the same snapshot, so a row of the walk
+-- that no rule refuses and that was not taken is one SKIP LOCKED passed
+-- by: that is the busy count, with no waiting and no second look.
+WITH taken AS MATERIALIZED (
+    SELECT o.id, o.dead_at
+    FROM outbox o
+    WHERE o.state = 'dead' AND o.redrives < @max_redrives::integer
+      AND (@reason_class::text = '' OR o.reason_class = @reason_class::text)
+      AND (NOT @new_key::boolean OR @force::boolean OR o.reason_class = ANY(@new_key_safe::text[]))
+      AND (@new_key::boolean OR @force::boolean OR o.key_minted_at > now() - @key_window::interval)
+      AND o.dead_at >= @since::timestamptz AND o.dead_at < @until::timestamptz
+    ORDER BY o.dead_at, o.id
+    LIMIT @max_rows::integer
+    FOR UPDATE SKIP LOCKED
+),
+stop AS (
+    SELECT t.dead_at, t.id FROM taken t
+    WHERE (SELECT count(*) FROM taken) = @max_rows::integer
+    ORDER BY t.dead_at DESC, t.id DESC
+    LIMIT 1
+),
+walked AS (
+    -- The rules above, as reasons; a rule that is not true passes the row by.
+    SELECT o.id,
+           CASE WHEN NOT coalesce(o.redrives < @max_redrives::integer, false) THEN 'redrive-limit'
+                WHEN NOT coalesce(NOT @new_key::boolean OR @force::boolean OR o.reason_class = ANY(@new_key_safe::text[]), false)
+                    THEN 'new-key-unsafe'
+                WHEN NOT coalesce(@new_key::boolean OR @force::boolean OR o.key_minted_at > now() - @key_window::interval, false)
+                    THEN 'key-may-be-forgotten'
+                WHEN o.id NOT IN (SELECT id FROM taken) THEN 'busy'
+           END AS passed_by
+    FROM outbox o
+    WHERE o.state = 'dead'
+      AND (@reason_class::text = '' OR o.reason_class = @reason_class::text)
+      AND o.dead_at >= @since::timestamptz AND o.dead_at < @until::timestamptz
+      AND NOT EXISTS (SELECT 1 FROM stop WHERE (o.dead_at, o.id) > (stop.dead_at, stop.id))
+)
+SELECT coalesce((SELECT array_agg(t.id ORDER BY t.dead_at, t.id) FROM taken t), '{}')::bigint[] AS ids,
+       (count(*) FILTER (WHERE w.passed_by = 'redrive-limit'))::integer AS redrive_limit,
+       (count(*) FILTER (WHERE w.passed_by = 'new-key-unsafe'))::integer AS new_key_unsafe,
+       (count(*) FILTER (WHERE w.passed_by = 'key-may-be-forgotten'))::integer AS key_may_be_forgotten,
+       (count(*) FILTER (WHERE w.passed_by = 'busy'))::integer AS busy
+FROM walked w;
 
 -- name: Redrive :many
 -- Brings dead rows back: due now, attempts and SENDER_MAX_AGE counted

@@ -13,16 +13,47 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const FindDead = `-- name: FindDead :many
-SELECT o.id
-FROM outbox o
-WHERE o.state = 'dead' AND o.redrives < $1::integer
-  AND ($2::text = '' OR o.reason_class = $2::text)
-  AND (NOT $3::boolean OR $4::boolean OR o.reason_class = ANY($5::text[]))
-  AND ($3::boolean OR $4::boolean OR o.key_minted_at > now() - $6::interval)
-  AND o.dead_at >= $7::timestamptz AND o.dead_at < $8::timestamptz
-ORDER BY o.dead_at, o.id
-LIMIT $9
+const FindDead = `-- name: FindDead :one
+WITH taken AS MATERIALIZED (
+    SELECT o.id, o.dead_at
+    FROM outbox o
+    WHERE o.state = 'dead' AND o.redrives < $1::integer
+      AND ($2::text = '' OR o.reason_class = $2::text)
+      AND (NOT $3::boolean OR $4::boolean OR o.reason_class = ANY($5::text[]))
+      AND ($3::boolean OR $4::boolean OR o.key_minted_at > now() - $6::interval)
+      AND o.dead_at >= $7::timestamptz AND o.dead_at < $8::timestamptz
+    ORDER BY o.dead_at, o.id
+    LIMIT $9::integer
+    FOR UPDATE SKIP LOCKED
+),
+stop AS (
+    SELECT t.dead_at, t.id FROM taken t
+    WHERE (SELECT count(*) FROM taken) = $9::integer
+    ORDER BY t.dead_at DESC, t.id DESC
+    LIMIT 1
+),
+walked AS (
+    -- The rules above, as reasons; a rule that is not true passes the row by.
+    SELECT o.id,
+           CASE WHEN NOT coalesce(o.redrives < $1::integer, false) THEN 'redrive-limit'
+                WHEN NOT coalesce(NOT $3::boolean OR $4::boolean OR o.reason_class = ANY($5::text[]), false)
+                    THEN 'new-key-unsafe'
+                WHEN NOT coalesce($3::boolean OR $4::boolean OR o.key_minted_at > now() - $6::interval, false)
+                    THEN 'key-may-be-forgotten'
+                WHEN o.id NOT IN (SELECT id FROM taken) THEN 'busy'
+           END AS passed_by
+    FROM outbox o
+    WHERE o.state = 'dead'
+      AND ($2::text = '' OR o.reason_class = $2::text)
+      AND o.dead_at >= $7::timestamptz AND o.dead_at < $8::timestamptz
+      AND NOT EXISTS (SELECT 1 FROM stop WHERE (o.dead_at, o.id) > (stop.dead_at, stop.id))
+)
+SELECT coalesce((SELECT array_agg(t.id ORDER BY t.dead_at, t.id) FROM taken t), '{}')::bigint[] AS ids,
+       (count(*) FILTER (WHERE w.passed_by = 'redrive-limit'))::integer AS redrive_limit,
+       (count(*) FILTER (WHERE w.passed_by = 'new-key-unsafe'))::integer AS new_key_unsafe,
+       (count(*) FILTER (WHERE w.passed_by = 'key-may-be-forgotten'))::integer AS key_may_be_forgotten,
+       (count(*) FILTER (WHERE w.passed_by = 'busy'))::integer AS busy
+FROM walked w
 `
 
 type FindDeadParams struct {
@@ -37,11 +68,29 @@ type FindDeadParams struct {
 	MaxRows     int32
 }
 
-// The dead rows a bulk redrive would take, oldest death first (with the
-// same rules as Redrive for a new key, a key's age and the redrive limit;
-// @new_key_safe is outbox.NewKeySafe).
-func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]int64, error) {
-	rows, err := db.Query(ctx, FindDead,
+type FindDeadRow struct {
+	Ids               []int64
+	RedriveLimit      int32
+	NewKeyUnsafe      int32
+	KeyMayBeForgotten int32
+	Busy              int32
+}
+
+// A bulk redrive's walk through the dead rows of a filter, oldest death
+// first: the ids of up to @max_rows rows it takes (with the same rules as
+// Redrive; @new_key_safe is outbox.NewKeySafe), and how many rows it
+// passed by on the way, counted once each under the first reason that
+// holds. The walk ends at the last row taken when it took @max_rows, and
+// takes in every row of the filter otherwise.
+//
+// The rows taken are locked FOR UPDATE SKIP LOCKED, as Redrive locks them:
+// in the caller's transaction they stay as they are until it redrives
+// them, and a row another transaction holds is passed by, not waited for.
+// Every part of one statement reads the same snapshot, so a row of the walk
+// that no rule refuses and that was not taken is one SKIP LOCKED passed
+// by: that is the busy count, with no waiting and no second look.
+func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) (FindDeadRow, error) {
+	row := db.QueryRow(ctx, FindDead,
 		arg.MaxRedrives,
 		arg.ReasonClass,
 		arg.NewKey,
@@ -52,22 +101,15 @@ func (q *Queries) FindDead(ctx context.Context, db DBTX, arg FindDeadParams) ([]
 		arg.Until,
 		arg.MaxRows,
 	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		items = append(items, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	var i FindDeadRow
+	err := row.Scan(
+		&i.Ids,
+		&i.RedriveLimit,
+		&i.NewKeyUnsafe,
+		&i.KeyMayBeForgotten,
+		&i.Busy,
+	)
+	return i, err
 }
 
 const GetOutboxRow = `-- name: GetOutboxRow :one

@@ -153,36 +153,90 @@ type DeadFilter struct {
 	ReasonClass string    // "" for any
 	Since       time.Time // dead at or after
 	Until       time.Time // and before; zero for no bound
-	Max         int       // at most this many, oldest death first
-	// NewKey leaves out the rows whose old key may have created a user
+	Max         int       // take at most this many, oldest death first
+	// NewKey passes by the rows whose old key may have created a user
 	// (outbox.NewKeySafe), unless Force.
 	NewKey, Force bool
-	// MaxRedrives leaves out the rows redriven that many times already.
+	// MaxRedrives passes by the rows redriven that many times already.
 	MaxRedrives int
-	// KeyWindow: a retry leaves out the rows whose key was minted longer
+	// KeyWindow: a retry passes by the rows whose key was minted longer
 	// ago than this, unless Force (see Redrive).
 	KeyWindow time.Duration
 }
 
-// FindDead returns the ids of the dead rows f matches.
-func (s *Store) FindDead(ctx context.Context, f DeadFilter) ([]int64, error) {
+// Found is what FindDead found: the rows it takes, and how many it passed
+// by, and why.
+type Found struct {
+	IDs []int64 // oldest death first
+	// Walking the filter's rows oldest death first, up to the last row
+	// taken when it took Max (else all of them), each row passed by is
+	// counted once, under the first reason that holds.
+	RedriveLimit      int // redriven MaxRedrives times
+	NewKeyUnsafe      int // NewKey: the old key may have created a user
+	KeyMayBeForgotten int // a retry: the key is older than KeyWindow
+	Busy              int // another transaction holds the row's lock
+}
+
+// FindDead returns the dead rows f takes, and what it passed by. The rows
+// are locked only while it reads them: a redrive that follows may find
+// some of them changed (RedriveDead does not).
+func (s *Store) FindDead(ctx context.Context, f DeadFilter) (Found, error) {
 	ctx, cancel := database.WithDeadline(ctx, s.timeout)
 	defer cancel()
-	ids, err := s.q.FindDead(ctx, s.pool, outboxdb.FindDeadParams{
+	found, err := s.findDead(ctx, s.pool, f)
+	return found, database.Classify(err)
+}
+
+func (s *Store) findDead(ctx context.Context, db outboxdb.DBTX, f DeadFilter) (Found, error) {
+	r, err := s.q.FindDead(ctx, db, outboxdb.FindDeadParams{
 		ReasonClass: f.ReasonClass, Since: f.Since, Until: orFarFuture(f.Until), MaxRows: int32(f.Max), //nolint:gosec // Max is bounded by the admin API
 		NewKey: f.NewKey, Force: f.Force, NewKeySafe: outbox.NewKeySafe, MaxRedrives: int32(f.MaxRedrives), //nolint:gosec // bounded by SENDER_MAX_REDRIVES
 		KeyWindow: f.KeyWindow,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("find dead rows: %w", database.Classify(err))
+		return Found{}, fmt.Errorf("find dead rows: %w", err)
 	}
-	return ids, nil
+	return Found{IDs: r.Ids, RedriveLimit: int(r.RedriveLimit), NewKeyUnsafe: int(r.NewKeyUnsafe),
+		KeyMayBeForgotten: int(r.KeyMayBeForgotten), Busy: int(r.Busy)}, nil
 }
 
 // Redriven is a row a redrive brought back, with the key it now carries.
 type Redriven struct {
 	ID             int64
 	IdempotencyKey uuid.UUID
+}
+
+// RedriveDead finds the dead rows f takes and redrives them, as Redrive
+// does, in one transaction: the rows FindDead takes stay locked until they
+// are redriven, so each one found is redriven, and what it passed by is
+// what the redrive passed by.
+func (s *Store) RedriveDead(ctx context.Context, f DeadFilter, actor string) (Found, []Redriven, error) {
+	ctx, cancel := database.WithDeadline(ctx, s.timeout)
+	defer cancel()
+	mode := outbox.RedriveRetry
+	if f.NewKey {
+		mode = outbox.RedriveNewOperation
+	}
+	var found Found
+	var done []Redriven
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		if found, err = s.findDead(ctx, tx, f); err != nil {
+			return err
+		}
+		done, err = s.redrive(ctx, tx, found.IDs, mode, f.Force, f.MaxRedrives, f.KeyWindow, actor)
+		if err == nil && len(done) != len(found.IDs) {
+			// The rows are this transaction's: none can have changed. Were
+			// one lost all the same, say so rather than leave it uncounted.
+			err = fmt.Errorf("redrive: %d of the %d rows found were not redriven", len(found.IDs)-len(done), len(found.IDs))
+		}
+		return err
+	})
+	if err != nil {
+		return Found{}, nil, database.Classify(err)
+	}
+	s.wake(ctx, done)
+	return found, done, nil
 }
 
 // Redrive brings the rows of ids that are still dead back, due now with
@@ -199,42 +253,53 @@ func (s *Store) Redrive(ctx context.Context, ids []int64, mode string, force boo
 	defer cancel()
 	var done []Redriven
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := s.q.Redrive(ctx, tx, outboxdb.RedriveParams{
-			NewKey: mode == outbox.RedriveNewOperation, Force: force, Ids: ids, NewKeySafe: outbox.NewKeySafe,
-			MaxRedrives: int32(maxRedrives), //nolint:gosec // bounded by SENDER_MAX_REDRIVES
-			KeyWindow:   keyWindow,
-		})
-		if err != nil {
-			return fmt.Errorf("redrive: %w", err)
-		}
-		done = done[:0]
-		ev := outboxdb.RecordEventsParams{Kind: "redrive", Actor: actor, Keep: HistoryKeep}
-		for _, r := range rows {
-			ev.OutboxIds = append(ev.OutboxIds, r.ID)
-			ev.Attempts = append(ev.Attempts, r.AttemptsBefore)
-			ev.Outcomes = append(ev.Outcomes, mode)
-			ev.ReasonClasses = append(ev.ReasonClasses, "")
-			ev.Errors = append(ev.Errors, "")
-			ev.IdempotencyKeys = append(ev.IdempotencyKeys, r.IdempotencyKey)
-			done = append(done, Redriven{ID: r.ID, IdempotencyKey: r.IdempotencyKey})
-		}
-		if len(rows) == 0 {
-			return nil
-		}
-		if err := s.q.RecordEvents(ctx, tx, ev); err != nil {
-			return fmt.Errorf("record redrive: %w", err)
-		}
-		return nil
+		var err error
+		done, err = s.redrive(ctx, tx, ids, mode, force, maxRedrives, keyWindow, actor)
+		return err
 	})
 	if err != nil {
 		return nil, database.Classify(err)
 	}
-	if len(done) > 0 {
-		// The rows are due now: wake the senders rather than leave them to
-		// the poll. A failure here delays them by a poll at most.
-		_ = outboxwake.Notify(ctx, s.pool)
+	s.wake(ctx, done)
+	return done, nil
+}
+
+// redrive is Redrive's work in tx.
+func (s *Store) redrive(ctx context.Context, tx pgx.Tx, ids []int64, mode string, force bool, maxRedrives int, keyWindow time.Duration, actor string) ([]Redriven, error) {
+	rows, err := s.q.Redrive(ctx, tx, outboxdb.RedriveParams{
+		NewKey: mode == outbox.RedriveNewOperation, Force: force, Ids: ids, NewKeySafe: outbox.NewKeySafe,
+		MaxRedrives: int32(maxRedrives), //nolint:gosec // bounded by SENDER_MAX_REDRIVES
+		KeyWindow:   keyWindow,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redrive: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	done := make([]Redriven, 0, len(rows))
+	ev := outboxdb.RecordEventsParams{Kind: "redrive", Actor: actor, Keep: HistoryKeep}
+	for _, r := range rows {
+		ev.OutboxIds = append(ev.OutboxIds, r.ID)
+		ev.Attempts = append(ev.Attempts, r.AttemptsBefore)
+		ev.Outcomes = append(ev.Outcomes, mode)
+		ev.ReasonClasses = append(ev.ReasonClasses, "")
+		ev.Errors = append(ev.Errors, "")
+		ev.IdempotencyKeys = append(ev.IdempotencyKeys, r.IdempotencyKey)
+		done = append(done, Redriven{ID: r.ID, IdempotencyKey: r.IdempotencyKey})
+	}
+	if err := s.q.RecordEvents(ctx, tx, ev); err != nil {
+		return nil, fmt.Errorf("record redrive: %w", err)
 	}
 	return done, nil
+}
+
+// wake tells the senders that the rows redriven are due now, rather than
+// leave them to the poll. A failure here delays them by a poll at most.
+func (s *Store) wake(ctx context.Context, done []Redriven) {
+	if len(done) > 0 {
+		_ = outboxwake.Notify(ctx, s.pool)
+	}
 }
 
 func orFarFuture(t time.Time) time.Time {

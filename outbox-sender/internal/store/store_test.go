@@ -218,16 +218,18 @@ func TestNewKeySafeIsTheStoresRule(t *testing.T) {
 		FROM (SELECT id, ($1::text[])[row_number() OVER (ORDER BY id)] AS class FROM outbox) c
 		WHERE o.id = c.id`, outbox.ReasonClasses)
 	require.NoError(t, err)
-	ids, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true, MaxRedrives: 10})
+	found, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true, MaxRedrives: 10})
 	require.NoError(t, err)
-	require.Len(t, ids, len(outbox.NewKeySafe))
-	done, err := st.Redrive(ctx, ids, outbox.RedriveNewOperation, false, 10, time.Hour, "test")
+	require.Len(t, found.IDs, len(outbox.NewKeySafe))
+	require.Equal(t, len(outbox.ReasonClasses)-len(outbox.NewKeySafe), found.NewKeyUnsafe, "the others are passed by, and counted")
+	done, err := st.Redrive(ctx, found.IDs, outbox.RedriveNewOperation, false, 10, time.Hour, "test")
 	require.NoError(t, err)
 	require.Len(t, done, len(outbox.NewKeySafe))
 	require.Equal(t, len(outbox.NewKeySafe), count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'pending' AND cardinality(previous_keys) = 1"))
 	forced, err := st.FindDead(ctx, DeadFilter{Max: 100, NewKey: true, Force: true, MaxRedrives: 10})
 	require.NoError(t, err)
-	require.Len(t, forced, len(outbox.ReasonClasses)-len(outbox.NewKeySafe))
+	require.Len(t, forced.IDs, len(outbox.ReasonClasses)-len(outbox.NewKeySafe))
+	require.Zero(t, forced.NewKeyUnsafe)
 }
 
 // TestRecordRoundTrips counts what recording sends to the database: each
