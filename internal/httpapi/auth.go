@@ -9,9 +9,10 @@ import (
 
 // Authenticate lets a request through to next only when a names its
 // caller, which it puts in the request's context (auth.CallerFrom) and log
-// line. Otherwise it answers 401 before next runs, so before any body is
-// read or any database touched: a refused request writes nothing and
-// consumes no idempotency key.
+// line; the connection is then the caller's (LimitConns). Otherwise it
+// answers 401 before next runs, so before any body is read or any database
+// touched: a refused request writes nothing, consumes no idempotency key,
+// and is not kept waiting for its body (closeUnreadBodies).
 //
 // challenge is sent as WWW-Authenticate with every 401 (RFC 9110 §11.6.1
 // requires one), such as `Bearer realm="users"`; for credentials that were
@@ -39,6 +40,7 @@ func Authenticate(a auth.Authenticator, challenge string) func(http.Handler) htt
 				return
 			}
 			noteCaller(r, caller)
+			markAuthorised(r)
 			next.ServeHTTP(w, r.WithContext(auth.WithCaller(r.Context(), caller)))
 		})
 	}

@@ -92,6 +92,81 @@ func TestIdleConnectionsCannotShutOthersOut(t *testing.T) {
 	}
 }
 
+// TestSlowBodiesShutNoOneOut: a client on the same host as everyone else
+// (127.0.0.1) that sends requests with bodies a byte every two seconds,
+// as many as its share, or from eight addresses more than the cap, keeps no one out: the health
+// check, a new client and a delivery over the sender's kept-alive
+// connection are answered, each long before the 15s a trickled body could
+// take. With the API's cap (1024) and an admin port's (64).
+func TestSlowBodiesShutNoOneOut(t *testing.T) {
+	t.Parallel()
+	for _, limit := range []int{1024, 64} {
+		t.Run(strconv.Itoa(limit), func(t *testing.T) {
+			t.Parallel()
+			addr := serveLimited(t, callersRouter(t), limit)
+			sender := keepAlive(t) // as the outbox sender does
+			deliver(t, sender, addr)
+			refused := trickled("POST /people HTTP/1.1", "Content-Type: application/json\r\n")
+			took := apitest.Trickle(t, addr, 1, limit/4, refused, http.StatusUnauthorized)
+			t.Logf("%d trickled requests from one address answered within %s", limit/4, took)
+			took = apitest.Trickle(t, addr, 8, 5*limit/4, refused, http.StatusUnauthorized)
+			t.Logf("%d from eight addresses answered within %s", 5*limit/4, took)
+
+			start := time.Now()
+			answersWithin(t, addr, "/readyz", 5*time.Second)
+			t.Logf("health check answered in %s", time.Since(start))
+			start = time.Now()
+			deliver(t, &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}, addr)
+			t.Logf("a new client answered in %s", time.Since(start))
+			start = time.Now()
+			require.True(t, deliver(t, sender, addr), "the sender's connection was kept")
+			t.Logf("a delivery answered in %s", time.Since(start))
+		})
+	}
+}
+
+// keepAlive is a client of its own that keeps its connections open.
+func keepAlive(t *testing.T) *http.Client {
+	transport := &http.Transport{}
+	t.Cleanup(transport.CloseIdleConnections)
+	return &http.Client{Timeout: 5 * time.Second, Transport: transport}
+}
+
+// deliver posts a person with the caller's token through client, as the
+// outbox sender does, and reports whether it went over a connection kept
+// open from before.
+func deliver(t *testing.T, client *http.Client, addr string) (reused bool) {
+	t.Helper()
+	return apitest.PostOver(t, client, "http://"+addr+"/people", apitest.PersonBody("Ada Lovelace", "ada@example.com", "111-1"),
+		http.StatusCreated, "Authorization", "Bearer "+callerToken)
+}
+
+// TestCallersKeepTheirConnections: a caller's connection, on which a
+// request was authorised, does not count against its address's share,
+// and is closed for a newcomer only when no anonymous one is idle: a
+// process hoarding idle connections from the caller's own address, or
+// from elsewhere up to the cap, does not take it.
+func TestCallersKeepTheirConnections(t *testing.T) {
+	t.Parallel()
+	addr := serveLimited(t, callersRouter(t), 8) // a share of 2
+	sender := keepAlive(t)
+	deliver(t, sender, addr)
+	for range 3 { // past the share, from the sender's address
+		hold(t, addr)
+	}
+	require.True(t, deliver(t, sender, addr), "the sender's connection was kept")
+	// Past the cap: idle anonymous connections from elsewhere go first.
+	for i := range 8 {
+		c := from(t, "127.0.0."+strconv.Itoa(2+i%4), addr)
+		_, err := io.WriteString(c, get)
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+	}
+	require.True(t, deliver(t, sender, addr), "the sender's connection was kept")
+}
+
 // TestOneClientGetsAShare: a client holds at most a quarter of the slots;
 // a new connection past its share closes its own longest idle one, not
 // another client's.

@@ -22,8 +22,9 @@ import (
 // NewRouter returns a router with what every HTTP server of the project
 // shares: one log line per request, panics answered as 500 problems,
 // problem+json for unknown routes and methods, repeated query parameters
-// refused, /healthz, /readyz backed by ping, and the page of every
-// problem type under /problems.
+// refused, a body nobody reads never waited for (closeUnreadBodies),
+// /healthz, /readyz backed by ping, and the page of every problem type
+// under /problems.
 func NewRouter(log *slog.Logger, ping func(context.Context) error) chi.Router {
 	return newRouter(log, ping, telemetry.Middleware)
 }
@@ -44,9 +45,11 @@ func NewAdminRouter(log *slog.Logger, ping func(context.Context) error, hostsVar
 
 func newRouter(log *slog.Logger, ping func(context.Context) error, traced func(http.Handler) http.Handler, more ...func(http.Handler) http.Handler) chi.Router {
 	r := chi.NewRouter()
-	// The request's span comes first, so that everything below, the log
-	// line included, runs inside it.
-	r.Use(traced)
+	// A body nobody reads must not hold the connection; this comes first
+	// so that it is given the connection's own ResponseWriter, whose read
+	// deadline it sets. The request's span comes next, so that everything
+	// below, the log line included, runs inside it.
+	r.Use(closeUnreadBodies, traced)
 	// HEAD is answered wherever GET is (net/http drops the body).
 	// A repeated query parameter is refused before routing, so no handler
 	// can quietly take one of its values. The request id is assigned

@@ -22,6 +22,12 @@ const (
 	// first byte. A body that stops arriving makes the body read fail here,
 	// and DecodeJSON answers 408.
 	ReadTimeout = 15 * time.Second
+	// UnreadBodyGrace is how long the rest of a body nobody reads, such
+	// as a refused request's, may take to arrive once the answer is sent
+	// (closeUnreadBodies). It is read and dropped, so that a client still
+	// sending it reads its answer rather than a reset; then the connection
+	// closes.
+	UnreadBodyGrace = time.Second
 	// WriteTimeout bounds the answer, from the end of the headers. It is
 	// longer than the default database deadlines (at most 8s), so that a
 	// slow database ends in a 503, not in a cut connection.

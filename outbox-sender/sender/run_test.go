@@ -92,9 +92,12 @@ func TestRunDeliversAndStops(t *testing.T) {
 	require.Equal(t, http.StatusOK, apitest.Do(t, http.MethodGet, "http://"+admin+httpapi.TypeOutboxRowNotDead, "").Status)
 	var out bytes.Buffer
 	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, apitest.Env("SENDER_ADMIN_ADDR", admin), &out), "healthcheck needs no token")
-	// A client hoarding the admin port's 64 slots leaves room for the
-	// health check.
+	// A client hoarding the admin port's 64 slots, and one on this host
+	// sending bodies a byte at a time on its share of them, leave room for
+	// the health check.
 	apitest.HoldIdle(t, admin, 64)
+	apitest.Trickle(t, admin, 1, 16,
+		"POST /outbox/redrive HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n", http.StatusUnauthorized)
 	start := time.Now()
 	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, apitest.Env("SENDER_ADMIN_ADDR", admin), &out))
 	require.Less(t, time.Since(start), time.Second, "answered while the slots were hoarded")

@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptrace"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,6 +107,28 @@ func Do(t testing.TB, method, url, body string, headers ...string) Response {
 		t.Errorf("%s %s: read body: %v", method, url, err)
 	}
 	return Response{Status: resp.StatusCode, Header: resp.Header, Body: b}
+}
+
+// PostOver posts a JSON body to url through client, with extra headers
+// (name, value pairs), and requires the answer's status to be want. It
+// reports whether the request went over a connection the client had kept
+// open from before.
+func PostOver(t testing.TB, client *http.Client, url, body string, want int, headers ...string) (reused bool) {
+	t.Helper()
+	trace := &httptrace.ClientTrace{GotConn: func(c httptrace.GotConnInfo) { reused = c.Reused }}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, want, resp.StatusCode, "%s", b)
+	return reused
 }
 
 // Count runs a count(*) style query and returns the number.

@@ -106,10 +106,15 @@ func TestRunMigratesThenServes(t *testing.T) {
 	require.Equal(t, "ready\n", out.String())
 
 	// A client hoarding every slot, idle keep-alive connections with one
-	// request each, shuts no one out: a new client and the health check
-	// are answered within a second.
+	// request each, and one on this host sending bodies a byte at a time
+	// on as many connections as its share, shut no one out: a new client
+	// and the health check are answered within a second.
 	apitest.HoldIdle(t, env("STUDENT_HTTP_ADDR"), 1024)
 	apitest.HoldIdle(t, env("STUDENT_ADMIN_ADDR"), 64)
+	apitest.Trickle(t, env("STUDENT_HTTP_ADDR"), 1, 256,
+		"POST /students HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n", http.StatusUnauthorized)
+	apitest.Trickle(t, env("STUDENT_ADMIN_ADDR"), 1, 16,
+		"GET /readyz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 4000\r\n\r\n", http.StatusOK)
 	start := time.Now()
 	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, env, &out))
 	res = apitest.Do(t, http.MethodPost, base+"/students", apitest.PersonBody("Bob", "bob@example.com", "222-2"), authed...)

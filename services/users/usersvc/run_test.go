@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -127,6 +128,27 @@ func TestRunMigratesThenServes(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, apitest.Env("USERS_HTTP_ADDR", addr), &out), "healthcheck needs no tokens")
 	require.Equal(t, "ready\n", out.String())
+
+	// A process on the sender's host sending bodies a byte at a time, on
+	// more connections than its share (256), shuts no one out: the health
+	// check, a new client and a delivery over the sender's kept-alive
+	// connection are answered within a second. Each delivery is run-1's
+	// again, which Users answers as it did the first time.
+	kept := &http.Transport{}
+	t.Cleanup(kept.CloseIdleConnections)
+	sender := &http.Client{Timeout: 5 * time.Second, Transport: kept}
+	deliver := func(client *http.Client) (reused bool) {
+		return apitest.PostOver(t, client, base+"/users", ada, http.StatusCreated,
+			"Idempotency-Key", "run-1", "Authorization", "Bearer "+senderToken)
+	}
+	deliver(sender)
+	apitest.Trickle(t, addr, 1, 320,
+		"POST /users HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n", http.StatusUnauthorized)
+	start := time.Now()
+	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, apitest.Env("USERS_HTTP_ADDR", addr), &out))
+	deliver(&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}})
+	require.True(t, deliver(sender), "the sender's connection was kept")
+	require.Less(t, time.Since(start), time.Second, "answered while the slots were held")
 
 	require.NoError(t, stop())
 	require.Error(t, Run(context.Background(), []string{"healthcheck"}, env, &out), "nothing listens any more")
