@@ -55,8 +55,7 @@ func Command(timeout time.Duration, maxRedrives int, keyWindow time.Duration) se
 // some other server on localhost:5432 reads as a problem with the role:
 // `role "outbox_sender" does not exist`. The password is never shown.
 func dialled(pool *pgxpool.Pool, err error) error {
-	var connectErr *pgconn.ConnectError
-	if !errors.As(err, &connectErr) {
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); !ok {
 		return err
 	}
 	cc := pool.Config().ConnConfig
