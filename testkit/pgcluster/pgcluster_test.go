@@ -2,7 +2,6 @@ package pgcluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -172,6 +171,15 @@ func TestHomeKeepsTheCluster(t *testing.T) {
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT n FROM t").Scan(&n))
 	require.Equal(t, 42, n, "the second run finds the first one's data")
+	require.NoError(t, conn.Close(ctx))
+
+	// A cluster kept from before the administrator had a password is
+	// refused, not started as the trusting cluster it is, and kept.
+	require.NoError(t, second.Cleanup(ctx))
+	require.NoError(t, os.Remove(second.PasswordFile()))
+	_, err = Start(ctx, Options{Log: t.Output(), BinDir: binDir, Home: home})
+	require.ErrorContains(t, err, "remove the directory to start afresh")
+	require.FileExists(t, filepath.Join(second.DataDir(), "PG_VERSION"))
 }
 
 // TestEveryRoleNeedsItsPassword: no role logs in without its password, the
@@ -223,7 +231,7 @@ func TestEveryRoleNeedsItsPassword(t *testing.T) {
 			for _, wrong := range []string{"", "not-" + password} {
 				err := login(host, role, wrong)
 				var pgErr *pgconn.PgError
-				require.True(t, errors.As(err, &pgErr), "%s at %s with password %q: want a refusal, got %v", role, host, wrong, err)
+				require.ErrorAs(t, err, &pgErr, "%s at %s with password %q: want a refusal", role, host, wrong)
 				require.Equal(t, "28P01", pgErr.Code, "%s at %s with password %q", role, host, wrong)
 			}
 			require.NoError(t, login(host, role, password), "%s at %s with its password", role, host)
