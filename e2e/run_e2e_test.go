@@ -99,6 +99,12 @@ func TestMakeRun(t *testing.T) {
 	require.Contains(t, runbook, `"actor":"operator"`, "a redrive is recorded under the operator's name")
 	require.Contains(t, runbook, "/problems/unauthorized", "the operator's routes refuse a request without a token")
 
+	// The runbook's dead letters from the command line, as make run
+	// prints the command: the row is delivered by now.
+	sdb, dead := printedLine(t, printed.String(), "SDB="), printedLine(t, printed.String(), "SENDER_DATABASE_URL=$SDB ")
+	listed := shell(t, ctx, "SDB="+sdb, "SENDER_DATABASE_URL=$SDB "+dead+" --state delivered")
+	require.Contains(t, listed, "delivered", "outbox-sender dead list, as make run prints it")
+
 	// What the lab's page shows: the checker agrees with the runbook.
 	var st struct {
 		Counts struct {
@@ -173,6 +179,19 @@ func waitForRun(t *testing.T, ctx context.Context, printed *apitest.Logs, exited
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// printedLine is the rest of the line of make run's block that starts with
+// prefix, such as "SDB=".
+func printedLine(t *testing.T, text, prefix string) string {
+	t.Helper()
+	for line := range strings.SplitSeq(text, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			return rest
+		}
+	}
+	t.Fatalf("make run printed no line starting with %q", prefix)
+	return ""
 }
 
 // printedValue is the value after a label in make run's block, such as

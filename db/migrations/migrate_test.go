@@ -16,8 +16,8 @@ import (
 	"github.com/outboxref/outboxref/testkit/pgcluster"
 )
 
-// privateCluster starts a cluster of the test's own, where runtime roles
-// must give their password and only postgres is trusted. Roles
+// privateCluster starts a cluster of the test's own, where every role must
+// give its password (postgres's is in the cluster's URL). Roles
 // belong to a whole cluster: rotating a password on the tests' shared
 // server would lock out every other test package using the role.
 func privateCluster(t *testing.T) *pgcluster.Cluster {
@@ -31,7 +31,6 @@ func privateCluster(t *testing.T) *pgcluster.Cluster {
 		defer cancel()
 		require.NoError(t, c.Cleanup(ctx))
 	})
-	require.NoError(t, c.RequirePasswords(ctx))
 	return c
 }
 
@@ -105,7 +104,10 @@ func migrateAsCreateRole(t *testing.T, c *pgcluster.Cluster) {
 	require.NoError(t, migrations.Migrate(ctx, admin, migrations.Users, map[string]string{migrations.UsersApp: "pw"}))
 	require.NoError(t, login(admin, migrations.UsersApp, "pw"))
 	var owners []string
-	require.NoError(t, connect(t, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/owned?sslmode=disable", c.Port())).QueryRow(ctx,
+	asPostgres, err := url.Parse(c.URL())
+	require.NoError(t, err)
+	asPostgres.Path = "/owned"
+	require.NoError(t, connect(t, asPostgres.String()).QueryRow(ctx,
 		`SELECT array_agg(DISTINCT tableowner::text) FROM pg_tables WHERE schemaname = 'public'`).Scan(&owners))
 	require.Equal(t, []string{migrations.UsersOwner}, owners)
 }

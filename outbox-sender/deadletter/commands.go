@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outboxref/internal/httpapi"
@@ -42,10 +44,28 @@ func Command(timeout time.Duration, maxRedrives int, keyWindow time.Duration) se
 	run := command(timeout, maxRedrives, keyWindow)
 	return func(ctx context.Context, pool *pgxpool.Pool, args []string, stdout io.Writer) error {
 		if err := run(ctx, pool, args, stdout); err != nil {
-			return inertError{err}
+			return inertError{dialled(pool, err)}
 		}
 		return nil
 	}
+}
+
+// dialled adds to a failure to connect which database the command dialled,
+// as whom, and where that came from. Without it, the default URL reaching
+// some other server on localhost:5432 reads as a problem with the role:
+// `role "outbox_sender" does not exist`. The password is never shown.
+func dialled(pool *pgxpool.Pool, err error) error {
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); !ok {
+		return err
+	}
+	cc := pool.Config().ConnConfig
+	u := url.URL{Scheme: "postgres", User: url.User(cc.User), Host: net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), Path: "/" + cc.Database}
+	password := "no password"
+	if cc.Password != "" {
+		u.User, password = url.UserPassword(cc.User, "xxxxx"), "a password"
+	}
+	return fmt.Errorf("%w\ndialled %s, with %s: the database and login come from SENDER_DATABASE_URL, the password from it or SENDER_DATABASE_PASSWORD (make run prints the URL as SDB)",
+		err, u.String(), password)
 }
 
 // inertError is an error of the command's as the terminal will show it:

@@ -3,6 +3,7 @@ package deadletter
 import (
 	"bytes"
 	"context"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -70,4 +71,27 @@ func TestDeadCommandArguments(t *testing.T) {
 		require.NoError(t, err, args)
 		require.Contains(t, out, "usage:\n  outbox-sender dead list", args)
 	}
+}
+
+// TestDeadCommandSaysWhereItDialled: when the command cannot log in, it says
+// which server, database and login it tried, the password masked: a URL
+// left at its default reaches whatever listens on localhost:5432, whose
+// answer alone would send the operator after the role.
+func TestDeadCommandSaysWhereItDialled(t *testing.T) {
+	t.Parallel()
+	dbURL, err := url.Parse(pgtest.ServerURL(t))
+	require.NoError(t, err)
+	dead := Command(3*time.Second, DefaultMaxRedrives, DefaultKeyWindow)
+	where := dbURL.Host + dbURL.Path
+
+	// A role no server has: refused whether the server checks passwords or not.
+	dbURL.User = url.UserPassword("no_such_role_here", "s3cret-password")
+	err = dead(context.Background(), pgtest.Connect(t, dbURL.String()), []string{"list"}, &bytes.Buffer{})
+	require.ErrorContains(t, err, "dialled postgres://no_such_role_here:xxxxx@"+where+", with a password")
+	require.ErrorContains(t, err, "SENDER_DATABASE_URL")
+	require.NotContains(t, err.Error(), "s3cret-password")
+
+	dbURL.User = url.User("no_such_role_here")
+	err = dead(context.Background(), pgtest.Connect(t, dbURL.String()), []string{"show", "1"}, &bytes.Buffer{})
+	require.ErrorContains(t, err, "dialled postgres://no_such_role_here@"+where+", with no password")
 }

@@ -3,11 +3,20 @@
 // postmaster on a loopback port with durability switched off for speed, and
 // removes every trace of it again. Nothing here touches a server it did not
 // start.
+//
+// Every role logs in with its password (SCRAM-SHA-256), over TCP and over
+// the Unix socket alike, from the moment initdb writes the cluster: a
+// trusted local login would let any account on the machine act as the
+// superuser, and run shell commands as the server's user with
+// COPY ... TO PROGRAM. The administrator, postgres, gets a random password,
+// kept in the cluster's directory (PasswordFile) and carried in URL.
 package pgcluster
 
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -121,9 +130,14 @@ type Options struct {
 	// Home, when set, is a directory the cluster is kept in between runs
 	// instead of Dir's throwaway subdirectory: Start creates the cluster
 	// there the first time (initdb) and starts the one it finds after;
-	// Cleanup stops it and leaves its files.
+	// Cleanup stops it and leaves its files. Missing parents are made as
+	// mkdir -p makes them (0755), so that the server's user can reach it.
 	Home string
 }
+
+// passwordFile is the name, in the cluster's directory, of the file that
+// holds the administrator's password.
+const passwordFile = "postgres.password"
 
 // Cluster is one running (or stopped) throwaway server. Its methods are safe
 // for concurrent use.
@@ -136,16 +150,31 @@ type Cluster struct {
 	log     io.Writer
 	durable bool
 	kept    bool // Options.Home: Cleanup leaves the files
-	env     []string
-	cred    *syscall.Credential // nil unless we must drop root
+	// made is the topmost directory Start created, "" if it created none
+	// (a Home that existed): a failed Start removes it.
+	made string
+	// fresh: Start ran initdb, so a failed Start removes what it wrote in
+	// a Home that existed before.
+	fresh    bool
+	password string // the administrator's
+	env      []string
+	cred     *syscall.Credential // nil unless we must drop root
 
 	mu      sync.Mutex
 	running bool
 	removed bool
 }
 
-// URL is a connection string for the cluster's postgres database.
+// URL is a connection string for the cluster's postgres database, as the
+// administrator, password included.
 func (c *Cluster) URL() string { return c.databaseURL("postgres") }
+
+// Password is the administrator's (postgres's) password.
+func (c *Cluster) Password() string { return c.password }
+
+// PasswordFile is the file that keeps the administrator's password, mode
+// 0600: in a Home it outlives the run, and the next Start reads it there.
+func (c *Cluster) PasswordFile() string { return filepath.Join(c.dir, passwordFile) }
 
 // Port is the TCP port the server listens on at 127.0.0.1.
 func (c *Cluster) Port() int { return c.port }
@@ -159,7 +188,7 @@ func (c *Cluster) LogPath() string { return c.logPath }
 func (c *Cluster) databaseURL(name string) string {
 	u := url.URL{
 		Scheme:   "postgres",
-		User:     url.User("postgres"),
+		User:     url.UserPassword("postgres", c.password),
 		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)),
 		Path:     "/" + name,
 		RawQuery: "sslmode=disable",
@@ -168,7 +197,7 @@ func (c *Cluster) databaseURL(name string) string {
 }
 
 // Start creates and starts a new cluster. On failure nothing is left behind:
-// no directory and no server process.
+// no directory and no server process (a Home that held a cluster keeps it).
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	binDir := opts.BinDir
 	if binDir == "" {
@@ -177,19 +206,33 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
-
-	dir, err := os.MkdirTemp(opts.Dir, "pgcluster-")
-	if opts.Home != "" {
-		dir, err = filepath.Abs(opts.Home)
-		if err == nil {
-			err = os.MkdirAll(dir, 0o700)
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		var err error
+		if cred, err = unprivilegedCredential(); err != nil {
+			return nil, err
 		}
 	}
+
+	var dir, made string
+	var err error
+	if opts.Home != "" {
+		if dir, err = filepath.Abs(opts.Home); err == nil {
+			made, err = makeHome(dir)
+		}
+	} else {
+		dir, err = os.MkdirTemp(opts.Dir, "pgcluster-")
+		made = dir
+	}
 	if err != nil {
+		if made != "" {
+			_ = os.RemoveAll(made)
+		}
 		return nil, fmt.Errorf("create cluster dir: %w", err)
 	}
 	c := &Cluster{
 		kept:    opts.Home != "",
+		made:    made,
 		binDir:  binDir,
 		dir:     dir,
 		dataDir: filepath.Join(dir, "data"),
@@ -197,6 +240,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		port:    opts.Port,
 		log:     opts.Log,
 		durable: opts.Durable,
+		cred:    cred,
 	}
 	if err := c.setup(ctx); err != nil {
 		c.abandon()
@@ -205,32 +249,66 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
+// makeHome makes dir and its missing parents and returns the topmost one
+// it made ("" if dir existed). The parents get 0755, whatever the umask:
+// when we are root the server runs as another user, who must pass through
+// them to reach dir.
+func makeHome(dir string) (string, error) {
+	made := ""
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		made = d
+		if d == filepath.Dir(d) {
+			break
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return made, err
+	}
+	for d := filepath.Dir(dir); made != "" && len(d) >= len(made); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			return made, err
+		}
+	}
+	return made, nil
+}
+
 func (c *Cluster) setup(ctx context.Context) error {
-	// MkdirTemp makes the directory 0700; when we hand the cluster to an
-	// unprivileged user it must at least be able to enter it.
-	if err := os.Chmod(c.dir, 0o755); err != nil {
+	// The directory holds the data, the server's Unix socket and the
+	// administrator's password: nobody but the server's user (and root)
+	// may enter it.
+	if err := os.Chmod(c.dir, 0o700); err != nil {
 		return fmt.Errorf("chmod cluster dir: %w", err)
 	}
-	if os.Geteuid() == 0 {
-		cred, err := unprivilegedCredential()
-		if err != nil {
-			return err
-		}
-		c.cred = cred
-		if err := chownTree(c.dir, int(cred.Uid), int(cred.Gid)); err != nil {
+	_, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION"))
+	c.fresh = !c.kept || err != nil
+	if err := c.loadPassword(); err != nil {
+		return err
+	}
+	if c.cred != nil {
+		// The password file too: initdb reads it as the server's user.
+		if err := chownTree(c.dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
 			return fmt.Errorf("chown cluster dir: %w", err)
 		}
 	}
 	c.env = childEnv(c.binDir, c.dir)
 
-	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); c.kept && err == nil {
-		// A kept cluster from an earlier run: start it as it is.
-	} else if out, err := c.run(ctx, "initdb", "-D", c.dataDir, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync"); err != nil {
-		err = fmt.Errorf("initdb: %w%s", err, indent(out))
-		if hint := c.accessHint(); hint != "" {
-			err = fmt.Errorf("%w\n%s", err, hint)
+	// Passwords are required from the first start: setting them after it
+	// would leave a window in which the cluster trusts everyone.
+	if c.fresh {
+		out, err := c.run(ctx, "initdb", "-D", c.dataDir, "-U", "postgres", "--pwfile="+c.PasswordFile(),
+			"--auth-host=scram-sha-256", "--auth-local=scram-sha-256", "--encoding=UTF8", "--no-sync")
+		if err != nil {
+			err = fmt.Errorf("initdb: %w%s", err, indent(out))
+			if hint := c.accessHint(); hint != "" {
+				err = fmt.Errorf("%w\n%s", err, hint)
+			}
+			return err
 		}
-		return err
 	}
 
 	c.mu.Lock()
@@ -252,6 +330,30 @@ func (c *Cluster) setup(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// loadPassword makes up the administrator's password for a fresh cluster
+// and writes it to PasswordFile, or reads it there for a kept one.
+func (c *Cluster) loadPassword() error {
+	path := c.PasswordFile()
+	if !c.fresh {
+		b, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%s holds a cluster without %s, made before its administrator had a password: remove the directory to start afresh", c.dir, passwordFile)
+		}
+		if err != nil {
+			return fmt.Errorf("read the administrator's password: %w", err)
+		}
+		c.password = strings.TrimSpace(string(b))
+		return nil
+	}
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // crypto/rand never fails on Linux
+	c.password = hex.EncodeToString(b)
+	if err := os.WriteFile(path, []byte(c.password+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write the administrator's password: %w", err)
+	}
+	return nil
 }
 
 // unprivilegedCredential picks who runs the server when we are root: initdb
@@ -538,13 +640,19 @@ func (c *Cluster) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// abandon undoes a failed Start.
+// abandon undoes a failed Start: it removes the directories Start made,
+// or, in a Home that existed, the cluster it had just initialised there.
 func (c *Cluster) abandon() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.forceStopLocked()
-	if !c.kept {
-		_ = os.RemoveAll(c.dir)
+	switch {
+	case c.made != "":
+		_ = os.RemoveAll(c.made)
+	case c.fresh:
+		_ = os.RemoveAll(c.dataDir)
+		_ = os.Remove(c.logPath)
+		_ = os.Remove(c.PasswordFile())
 	}
 	c.removed = true
 }
@@ -688,32 +796,4 @@ func indent(out []byte) string {
 
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// RequirePasswords makes every role but postgres log in with its password
-// (SCRAM-SHA-256) over TCP, as a production server would; postgres, which
-// the tests administer the cluster as, stays trusted. Without it a cluster
-// trusts every role, and a wrong or missing password would go unnoticed.
-func (c *Cluster) RequirePasswords(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, c.URL())
-	if err != nil {
-		return fmt.Errorf("require passwords: connect: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var hba string
-	if err := conn.QueryRow(ctx, "SHOW hba_file").Scan(&hba); err != nil {
-		return fmt.Errorf("require passwords: %w", err)
-	}
-	// The server writes the file itself, so this works whoever owns the
-	// data directory (the server runs as another user when we are root).
-	rules := `COPY (VALUES ('local all all trust'), ('host all postgres 127.0.0.1/32 trust'),
-		('host all all 127.0.0.1/32 scram-sha-256')) TO '` + strings.ReplaceAll(hba, "'", "''") + `'`
-	if _, err := conn.Exec(ctx, rules); err != nil {
-		return fmt.Errorf("require passwords: write %s: %w", hba, err)
-	}
-	var reloaded bool
-	if err := conn.QueryRow(ctx, "SELECT pg_reload_conf()").Scan(&reloaded); err != nil || !reloaded {
-		return fmt.Errorf("require passwords: reload: %w", err)
-	}
-	return nil
 }

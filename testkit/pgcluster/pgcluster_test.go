@@ -2,13 +2,19 @@ package pgcluster
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
+	"net"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
@@ -16,11 +22,7 @@ import (
 // skipped database test looks green in CI while testing nothing.
 func startCluster(t *testing.T, ctx context.Context) *Cluster {
 	t.Helper()
-	binDir, err := FindBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := Start(ctx, Options{Log: t.Output(), BinDir: binDir})
+	c, err := Start(ctx, Options{Log: t.Output(), BinDir: binDir(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -28,6 +30,26 @@ func startCluster(t *testing.T, ctx context.Context) *Cluster {
 		require.NoError(t, c.Cleanup(ctx))
 	})
 	return c
+}
+
+func binDir(t *testing.T) string {
+	t.Helper()
+	dir, err := FindBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// reachableDir is a folder for a Home, removed at cleanup. Not t.TempDir():
+// the server may run as another user, who must be able to pass through it.
+func reachableDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pgcluster-test-") //nolint:usetesting // see above: t.TempDir() is not reachable by the server's user
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	return dir
 }
 
 func selectOne(t *testing.T, ctx context.Context, url string) {
@@ -123,15 +145,8 @@ func TestHomeKeepsTheCluster(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	binDir, err := FindBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Not t.TempDir(): the server may run as another user, who must be able
-	// to reach the folder.
-	home, err := os.MkdirTemp("", "pgcluster-home-") //nolint:usetesting // see above: t.TempDir() is not reachable by the server's user
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(home) })
+	binDir := binDir(t)
+	home := reachableDir(t)
 	start := func() *Cluster {
 		c, err := Start(ctx, Options{Log: t.Output(), BinDir: binDir, Home: home})
 		require.NoError(t, err)
@@ -156,4 +171,115 @@ func TestHomeKeepsTheCluster(t *testing.T) {
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT n FROM t").Scan(&n))
 	require.Equal(t, 42, n, "the second run finds the first one's data")
+	require.NoError(t, conn.Close(ctx))
+
+	// A cluster kept from before the administrator had a password is
+	// refused, not started as the trusting cluster it is, and kept.
+	require.NoError(t, second.Cleanup(ctx))
+	require.NoError(t, os.Remove(second.PasswordFile()))
+	_, err = Start(ctx, Options{Log: t.Output(), BinDir: binDir, Home: home})
+	require.ErrorContains(t, err, "remove the directory to start afresh")
+	require.FileExists(t, filepath.Join(second.DataDir(), "PG_VERSION"))
+}
+
+// TestEveryRoleNeedsItsPassword: no role logs in without its password, the
+// administrator included, over TCP or over the Unix socket; the password
+// is kept where only its owner reads it, and the socket's directory is the
+// server's user's alone.
+func TestEveryRoleNeedsItsPassword(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startCluster(t, ctx)
+
+	require.Len(t, c.Password(), 32)
+	fi, err := os.Stat(c.PasswordFile())
+	require.NoError(t, err)
+	require.Equal(t, fs.FileMode(0o600), fi.Mode().Perm(), "the password file is its owner's alone")
+	b, err := os.ReadFile(c.PasswordFile())
+	require.NoError(t, err)
+	require.Equal(t, c.Password(), strings.TrimSpace(string(b)))
+	require.Contains(t, c.URL(), ":"+c.Password()+"@", "the administrator's URL carries the password")
+
+	fi, err = os.Stat(c.dir)
+	require.NoError(t, err)
+	require.Equal(t, fs.FileMode(0o700), fi.Mode().Perm(), "the socket's directory is private")
+	owner := uint32(os.Geteuid())
+	if c.cred != nil {
+		owner = c.cred.Uid
+	}
+	require.Equal(t, owner, fi.Sys().(*syscall.Stat_t).Uid, "the socket's directory belongs to the server's user")
+
+	conn, err := pgx.Connect(ctx, c.URL())
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE ROLE app LOGIN PASSWORD 'app-pw'")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+
+	login := func(host, role, password string) error {
+		cc, err := pgx.ParseConfig(fmt.Sprintf("host=%s port=%d user=%s dbname=postgres sslmode=disable", host, c.Port(), role))
+		require.NoError(t, err)
+		cc.Password = password // not one from PGPASSWORD or a .pgpass
+		conn, err := pgx.ConnectConfig(ctx, cc)
+		if err != nil {
+			return err
+		}
+		return conn.Close(ctx)
+	}
+	for _, host := range []string{"127.0.0.1", c.dir} {
+		for role, password := range map[string]string{"postgres": c.Password(), "app": "app-pw"} {
+			for _, wrong := range []string{"", "not-" + password} {
+				err := login(host, role, wrong)
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr, "%s at %s with password %q: want a refusal", role, host, wrong)
+				require.Equal(t, "28P01", pgErr.Code, "%s at %s with password %q", role, host, wrong)
+			}
+			require.NoError(t, login(host, role, password), "%s at %s with its password", role, host)
+		}
+	}
+}
+
+// TestHomeWithMissingParents: a Home whose parents do not exist yet, as
+// RUN_DATA_DIR=.run/pg in a fresh checkout, works when we are root and the
+// server runs as another user; and a Start that fails removes what it made,
+// parents included, or what it wrote in a Home that was there already.
+func TestHomeWithMissingParents(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	binDir := binDir(t)
+	base := reachableDir(t) // a checkout, say
+
+	home := filepath.Join(base, ".run", "pg")
+	c, err := Start(ctx, Options{Log: t.Output(), BinDir: binDir, Home: home})
+	require.NoError(t, err)
+	selectOne(t, ctx, c.URL())
+	require.NoError(t, c.Cleanup(ctx))
+	fi, err := os.Stat(filepath.Join(base, ".run"))
+	require.NoError(t, err)
+	require.Equal(t, fs.FileMode(0o755), fi.Mode().Perm(), "the server's user must pass through the parent")
+
+	// A port someone else holds makes the start fail after initdb.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	taken := ln.Addr().(*net.TCPAddr).Port
+
+	_, err = Start(ctx, Options{Log: t.Output(), BinDir: binDir, Home: filepath.Join(base, "new", "pg"), Port: taken})
+	require.Error(t, err)
+	require.NoDirExists(t, filepath.Join(base, "new"), "a failed start removes the directories it made")
+
+	empty := filepath.Join(base, "empty")
+	require.NoError(t, os.Mkdir(empty, 0o755))
+	_, err = Start(ctx, Options{Log: t.Output(), BinDir: binDir, Home: empty, Port: taken})
+	require.Error(t, err)
+	entries, err := os.ReadDir(empty)
+	require.NoError(t, err)
+	require.Empty(t, entries, "a failed start removes the cluster it made in a Home that was there")
+
+	// A kept cluster is not removed because one start failed.
+	_, err = Start(ctx, Options{Log: t.Output(), BinDir: binDir, Home: home, Port: taken})
+	require.Error(t, err)
+	require.FileExists(t, filepath.Join(home, "data", "PG_VERSION"))
+	require.FileExists(t, filepath.Join(home, passwordFile))
 }

@@ -31,7 +31,7 @@ type system struct {
 	server  *url.URL           // the PostgreSQL server, as its superuser
 	procs   []*proc            // in start order
 	nats    *natsserver.Server // nil unless SENDER_TRANSPORT=nats
-	token   string             // the operator's bearer token for Users
+	sec     secrets
 }
 
 // secrets are this run's passwords and tokens, made up at start. migrate
@@ -70,7 +70,7 @@ func start(ctx context.Context, cfg config, stdout io.Writer) (*system, error) {
 		return s, err
 	}
 	sec := secretsForRun()
-	s.token = sec.operatorToken
+	s.sec = sec
 	if cfg.transport == "nats" {
 		fmt.Fprintln(stdout, "starting a NATS server with JetStream…")
 		s.nats, err = natsserver.Start(ctx, natsserver.Options{Dir: filepath.Join(work, "nats"), Port: cfg.port(portNATS)})
@@ -168,12 +168,24 @@ func (s *system) dbURL(role, database string) string {
 
 func (s *system) superuser() string { return s.server.User.Username() }
 
-// printableURL is the superuser's URL of a database, for a person's psql,
-// without the password RUN_DATABASE_URL may hold.
+// printableURL is the superuser's URL of a database, for a person's psql:
+// with the throwaway cluster's password, which make run made up, but
+// without the one RUN_DATABASE_URL may hold.
 func (s *system) printableURL(database string) string {
 	u := *s.server
-	u.User = url.User(s.superuser())
+	if s.cluster == nil {
+		u.User = url.User(s.superuser())
+	}
 	u.Path = "/" + database
+	return u.String()
+}
+
+// senderURL is Student's database as the sender logs in to it, password
+// included: what "outbox-sender dead" needs in SENDER_DATABASE_URL.
+func (s *system) senderURL() string {
+	u := *s.server
+	u.User = url.UserPassword(migrations.OutboxSender, s.sec.sender)
+	u.Path = "/student"
 	return u.String()
 }
 
@@ -302,6 +314,10 @@ func (s *system) printBlock(w io.Writer) {
 	case s.cluster != nil:
 		database += " (kept in " + c.dataDir + ")"
 	}
+	if s.cluster != nil {
+		// Every role logs in with its password, the administrator too.
+		database += fmt.Sprintf("\n  its administrator postgres, password %s (kept in %s)", s.cluster.Password(), s.cluster.PasswordFile())
+	}
 	// The lab's faults act on the HTTP hop; with the broker the sender
 	// never crosses it, and the block says where the commands go instead.
 	proxy := "(the sender reaches Users through it)"
@@ -325,11 +341,15 @@ outboxref is running (SENDER_SOURCE=%s, SENDER_TRANSPORT=%s). Ctrl-C stops every
 For the curl session in the README, and the runbook:
   S=localhost:%d U=localhost:%d A=localhost:%d T=%s
   UDB=%s
+  SDB=%s
+The runbook's dead letters from the command line:
+  SENDER_DATABASE_URL=$SDB %s dead list
 Create a student:
   curl -si --oauth2-bearer $T --json '{"name":"Ada Lovelace","email":"ada@example.com","document_number":"123.456-7"}' $S/students
 `, c.source, c.transport, c.url(portStudent), c.url(portUsers), c.url(portSenderAdmin), c.url(portLabPage), c.url(portLabProxy), proxy,
-		c.url(portStudentAdmin), c.url(portUsersAdmin), database, s.token, filepath.Join(s.work, "logs"),
-		c.port(portStudent), c.port(portUsers), c.port(portSenderAdmin), s.token, s.printableURL("users"))
+		c.url(portStudentAdmin), c.url(portUsersAdmin), database, s.sec.operatorToken, filepath.Join(s.work, "logs"),
+		c.port(portStudent), c.port(portUsers), c.port(portSenderAdmin), s.sec.operatorToken, s.printableURL("users"),
+		s.senderURL(), filepath.Join(s.work, "bin", "outbox-sender"))
 }
 
 // secretsForRun makes up this run's passwords and tokens: 32 hex digits

@@ -6,8 +6,10 @@
 // An existing TEST_DATABASE_URL is passed through untouched, so the same
 // command works on a machine with its own server. Otherwise the child also
 // gets PGCLUSTER_BIN_DIR, the directory of the server binaries, for suites
-// that start clusters of their own. The throwaway server is removed when the
-// command ends, and withpostgres exits with the command's exit code.
+// that start clusters of their own. The throwaway server checks every role's
+// password, and its TEST_DATABASE_URL carries the administrator's. It is
+// removed when the command ends, and withpostgres exits with the command's
+// exit code.
 package main
 
 import (
