@@ -161,10 +161,14 @@ func Judge(f Facts, r Rules) Judgement {
 		s.ID, o.State, o.Key)}
 }
 
-// judgeLink judges a linked student: its user must be the one Users stored
-// under its key, exist, and carry its document number.
+// judgeLink judges a linked student: its user must exist, be the one
+// Users stored under its key, and carry its document number.
 func judgeLink(f Facts, r Rules) Judgement {
 	s, o, a, id := f.Student, f.Outbox, f.Answer, f.Student.UserID.UUID
+	u, ok := f.Users[id]
+	if !ok {
+		return Judgement{MissingUser, fmt.Sprintf("student %s is linked to %s, which Users does not have", s.ID, id)}
+	}
 	if !r.MayBePurged || (o != nil && a != nil) {
 		switch {
 		case o == nil:
@@ -175,11 +179,7 @@ func judgeLink(f Facts, r Rules) Judgement {
 			return Judgement{Mislinked, fmt.Sprintf("student %s is linked to %s but Users stored %s under key %s", s.ID, id, a.UserID.UUID, o.Key)}
 		}
 	}
-	u, ok := f.Users[id]
-	switch {
-	case !ok:
-		return Judgement{MissingUser, fmt.Sprintf("student %s is linked to %s, which Users does not have", s.ID, id)}
-	case u.DocumentNumber != s.DocumentNumber:
+	if u.DocumentNumber != s.DocumentNumber {
 		return Judgement{Mislinked, fmt.Sprintf("student %s is linked to user %s, which carries another document number", s.ID, id)}
 	}
 	return Judgement{Linked, ""}

@@ -105,7 +105,12 @@ func TestJudge(t *testing.T) {
 			facts: func() Facts { f := linked(); f.Users = nil; return f },
 		},
 		{
-			name: "linked, rows purged, user gone", want: Mislinked, purged: MissingUser,
+			// Whatever the answer says: the user it is linked to is gone.
+			name: "linked to a user id that does not exist, not the answer's", want: MissingUser,
+			facts: func() Facts { f := linked(); f.Student.UserID = some(other); return f },
+		},
+		{
+			name: "linked, rows purged, user gone", want: MissingUser,
 			facts: func() Facts { f := linked(); f.Outbox, f.Answer, f.Users = nil, nil, nil; return f },
 		},
 		{
@@ -176,9 +181,9 @@ func TestClasses(t *testing.T) {
 		}
 	}
 	require.Len(t, drift, 6)
-	c, ok := StudentClass(Pending, time.Minute, time.Hour)
+	_, ok := StudentClass(Pending, time.Minute, time.Hour)
 	require.False(t, ok, "pending, not yet stuck")
-	c, ok = StudentClass(Pending, 2*time.Hour, time.Hour)
+	c, ok := StudentClass(Pending, 2*time.Hour, time.Hour)
 	require.True(t, ok)
 	require.Equal(t, ClassStuck, c)
 	_, ok = StudentClass(Linked, 2*time.Hour, time.Hour)

@@ -172,10 +172,21 @@ func TestClassifyEachFailure(t *testing.T) {
 				id, key := w.student("delivered", 1)
 				stored := w.user(docOf(w.n))
 				w.inbox(key, stored, 0)
-				w.link(id, uuid.New())
+				w.link(id, w.user("DOC-OTHER"))
 				return id
 			},
 			class: Mislinked,
+		},
+		{
+			name: "linked to a user Users does not have",
+			build: func(w *world) uuid.UUID {
+				id, key := w.student("delivered", 1)
+				stored := w.user(docOf(w.n))
+				w.inbox(key, stored, 0)
+				w.link(id, uuid.New())
+				return id
+			},
+			class: MissingUser,
 		},
 		{
 			name: "linked although Users stored nothing under the key",
