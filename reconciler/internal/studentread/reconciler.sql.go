@@ -91,7 +91,7 @@ const StudentsAfter = `-- name: StudentsAfter :many
 SELECT s.id, s.document_number, s.user_id, s.created_at,
        o.idempotency_key, o.state, o.reason_class, o.dead_at
 FROM students s
-LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user'
+LEFT JOIN outbox o ON o.student_id = s.id AND o.operation = 'create-user' AND o.student_id > $1::uuid
 WHERE s.id > $1::uuid
 ORDER BY s.id
 LIMIT $2
@@ -115,6 +115,9 @@ type StudentsAfterRow struct {
 
 // The full sweep: every student in id order, keyset-paged on the primary
 // key, each with its create-user outbox row (outbox_student_operation_key).
+// The join repeats the page's bound for the outbox: without it the
+// planner may merge the page with the outbox's index read from its first
+// entry, every page, and a sweep would cost the square of the table.
 func (q *Queries) StudentsAfter(ctx context.Context, db DBTX, arg StudentsAfterParams) ([]StudentsAfterRow, error) {
 	rows, err := db.Query(ctx, StudentsAfter, arg.AfterID, arg.PageSize)
 	if err != nil {

@@ -60,7 +60,7 @@ func (q *Queries) AnswersByKeys(ctx context.Context, db DBTX, arg AnswersByKeysP
 const AnswersCreatedAfter = `-- name: AnswersCreatedAfter :many
 SELECT caller, idempotency_key, resource_id::uuid AS resource_id, created_at
 FROM inbox
-WHERE resource_id IS NOT NULL
+WHERE resource_id IS NOT NULL AND created_at >= $1::timestamptz
   AND (created_at, caller, idempotency_key) > ($1::timestamptz, $2::text, $3::text)
 ORDER BY created_at, caller, idempotency_key
 LIMIT $4
@@ -81,7 +81,8 @@ type AnswersCreatedAfterRow struct {
 }
 
 // An incremental pass: the answers that made a user since the last pass,
-// of any caller, keyset-paged along inbox_created_at_idx. Users writes a
+// of any caller, keyset-paged along inbox_created_at_idx (on created_at
+// alone, so the plain >= is its range). Users writes a
 // user and its answer in one transaction, so these are the users made
 // since then (bar those made by hand, which the full sweep finds).
 func (q *Queries) AnswersCreatedAfter(ctx context.Context, db DBTX, arg AnswersCreatedAfterParams) ([]AnswersCreatedAfterRow, error) {
@@ -151,7 +152,8 @@ func (q *Queries) AnswersForUsers(ctx context.Context, db DBTX, userIds []uuid.U
 const EnabledUsersAfter = `-- name: EnabledUsersAfter :many
 SELECT document_number, id, created_at
 FROM users
-WHERE enabled AND (document_number, id) > ($1::text, $2::uuid)
+WHERE enabled AND document_number >= $1::text
+  AND (document_number, id) > ($1::text, $2::uuid)
 ORDER BY document_number, id
 LIMIT $3
 `
@@ -170,7 +172,9 @@ type EnabledUsersAfterRow struct {
 
 // The full sweep for document numbers with more than one enabled user:
 // the enabled users in document order, so that those sharing one are
-// side by side, keyset-paged along users_one_enabled_per_document. Where
+// side by side, keyset-paged along users_one_enabled_per_document (the
+// plain >= is the range that index scans; the row comparison, which it
+// cannot, skips what the last page read). Where
 // that index is missing (a replica written by something else) each page
 // reads the table: slow, and still right.
 func (q *Queries) EnabledUsersAfter(ctx context.Context, db DBTX, arg EnabledUsersAfterParams) ([]EnabledUsersAfterRow, error) {
