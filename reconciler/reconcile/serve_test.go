@@ -77,6 +77,11 @@ func TestServe(t *testing.T) {
 	}
 	require.NotContains(t, metrics, lost.String(), "metrics carry no ids")
 
+	// The image has no curl: the binary asks its own /readyz.
+	var out strings.Builder
+	require.NoError(t, Run(context.Background(), []string{"healthcheck"}, w.env("RECONCILER_ADMIN_ADDR", admin), &out))
+	require.Equal(t, "ready\n", out.String())
+
 	// The report only for a named operator; the Host rule on every route.
 	res := apitest.Do(t, http.MethodGet, base+"/report", "")
 	require.Equal(t, http.StatusUnauthorized, res.Status)
