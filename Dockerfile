@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 
-# One image holds all four binaries (Student, Users, the outbox sender and
-# the fault lab); docker-compose.yml picks the binary per service with
+# One image holds all five binaries (Student, Users, the outbox sender, the
+# reconciler and the fault lab); docker-compose.yml picks the binary per service with
 # `command:`. The checks in deploy/ read this file (dockerfile_test.go
 # there parses it): every binary compose runs, as a command or as a
 # healthcheck, must be built by the `go build` line below, and every port a
@@ -24,13 +24,14 @@ COPY testkit/go.mod testkit/go.sum testkit/
 COPY model/go.mod model/
 RUN go mod download && cd lab && go mod download
 
-# Only the folders the four binaries import (go list -deps shows them; the
+# Only the folders the five binaries import (go list -deps shows them; the
 # lab's invariant checker is the one piece of testkit/ it takes).
 # deploy/layout_test.go checks that every one is copied and none ignored.
 COPY db/ db/
 COPY internal/ internal/
 COPY services/ services/
 COPY outbox-sender/ outbox-sender/
+COPY reconciler/ reconciler/
 COPY lab/ lab/
 COPY testkit/invariant/ testkit/invariant/
 
@@ -40,7 +41,7 @@ COPY testkit/invariant/ testkit/invariant/
 # binaries, -s -w drops the symbol tables.
 RUN --mount=type=cache,target=/root/.cache/go-build \
     go work init . ./lab ./testkit && \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./services/student ./services/users ./outbox-sender ./lab
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./services/student ./services/users ./outbox-sender ./reconciler ./lab
 
 # Distroless: no shell and no package manager, and the :nonroot tag runs as
 # an unprivileged user. It also carries the CA certificates, in case
@@ -51,8 +52,8 @@ USER nonroot:nonroot
 
 # Student, Users and the sender's admin port, in that order; then the lab's
 # fault proxy (which the sender calls; compose does not publish it) and its
-# page; then Student's and Users' admin ports.
-EXPOSE 8080 8081 8082 8083 8084 8090 8091
+# page; then Student's, Users' and the reconciler's admin ports.
+EXPOSE 8080 8081 8082 8083 8084 8090 8091 8092
 
 # No ENTRYPOINT and no CMD on purpose: compose names the binary in `command:`
 # (/usr/local/bin is on the image's PATH), and forgetting it fails loudly

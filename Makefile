@@ -77,9 +77,9 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-## build: the three binaries and the fault lab into ./bin
+## build: the three binaries, the reconciler and the fault lab into ./bin
 build:
-	CGO_ENABLED=0 $(GO) build -o bin/ ./services/student ./services/users ./outbox-sender ./lab
+	CGO_ENABLED=0 $(GO) build -o bin/ ./services/student ./services/users ./outbox-sender ./reconciler ./lab
 
 ## ci: what .ci/run runs, in order
 ci: fmt-check vet lint check-generated model test e2e

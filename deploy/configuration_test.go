@@ -15,6 +15,7 @@ import (
 	"github.com/outboxref/outboxref/internal/envconfig"
 	"github.com/outboxref/outboxref/lab/faultlab"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
+	"github.com/outboxref/outboxref/reconciler/reconcile"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/services/users/usersvc"
 )
@@ -26,6 +27,7 @@ var configLoaders = map[string]func(func(string) string) *envconfig.Reader{
 	"users":         func(g func(string) string) *envconfig.Reader { _, r, _ := usersvc.LoadConfig(g); return r },
 	"outbox-sender": func(g func(string) string) *envconfig.Reader { _, r, _ := sender.LoadConfig(g); return r },
 	"lab":           func(g func(string) string) *envconfig.Reader { _, r, _ := faultlab.LoadConfig(g); return r },
+	"reconciler":    func(g func(string) string) *envconfig.Reader { _, r, _ := reconcile.LoadConfig(g); return r },
 }
 
 // configTables reads the configuration page's tables: for each binary's

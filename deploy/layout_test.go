@@ -19,10 +19,11 @@ import (
 )
 
 // shippedBinaries are the packages the Dockerfile builds (and make build,
-// which should build the same): the system's binaries and the fault lab,
-// which docker-compose.yml runs beside them and which watches the system
-// rather than being part of it.
-var shippedBinaries = append(SystemBinaries(), "./lab")
+// which should build the same): the system's binaries, the reconciler,
+// which checks the system's databases, and the fault lab, which
+// docker-compose.yml runs beside them and which watches the system rather
+// than being part of it.
+var shippedBinaries = append(SystemBinaries(), "./reconciler", "./lab")
 
 // goList runs go list in the repository's root.
 func goList(t *testing.T, args ...string) []string {
@@ -60,6 +61,12 @@ func TestShippedBinariesImportNoScaffolding(t *testing.T) {
 	deps := goList(t, append([]string{"-deps"}, SystemBinaries()...)...)
 	require.Contains(t, deps, Module+"/internal/inbox", "go list -deps must list the binaries' own packages")
 	require.Empty(t, scaffolding(deps), "a system binary imports test or dev scaffolding")
+	// The reconciler judges by internal/drift, the definition the fault
+	// suite's checker (testkit/invariant) judges by too; never by the
+	// checker itself.
+	reconciler := goList(t, "-deps", "./reconciler")
+	require.Contains(t, reconciler, Module+"/internal/drift")
+	require.Empty(t, scaffolding(reconciler), "the reconciler imports test or dev scaffolding")
 	lab := goList(t, "-deps", "./lab")
 	require.Contains(t, lab, Module+"/lab/faultlab", "go list -deps must list every shipped binary's packages")
 	require.Equal(t, []string{Module + "/testkit/invariant"}, scaffolding(lab),

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxref/outboxref/internal/service"
 	"github.com/outboxref/outboxref/lab/faultlab"
 	"github.com/outboxref/outboxref/outbox-sender/sender"
+	"github.com/outboxref/outboxref/reconciler/reconcile"
 	"github.com/outboxref/outboxref/services/student/studentsvc"
 	"github.com/outboxref/outboxref/services/users/usersvc"
 )
@@ -37,6 +38,7 @@ var requiredServices = map[string][]string{
 	"users":           {"users"},
 	"outbox-sender":   {"outbox-sender"},
 	"lab":             {"lab"},
+	"reconciler":      {"reconciler", "serve"},
 }
 
 // binary is what the checks need to know about one of the four binaries.
@@ -160,6 +162,7 @@ var binaries = map[string]binary{
 			{migrations.OutboxSender, "SENDER_DATABASE_PASSWORD", "outbox-sender"},
 			{migrations.OutboxCDC, "SENDER_CDC_DATABASE_PASSWORD", "outbox-sender"},
 			{migrations.LabReader, "LAB_STUDENT_DATABASE_PASSWORD", "lab"},
+			{migrations.Reconciler, "RECONCILER_STUDENT_DATABASE_PASSWORD", "reconciler"},
 		},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := studentsvc.LoadConfig(getenv)
@@ -177,6 +180,7 @@ var binaries = map[string]binary{
 		logins: []login{
 			{migrations.UsersApp, "USERS_DATABASE_PASSWORD", "users"},
 			{migrations.LabReader, "LAB_USERS_DATABASE_PASSWORD", "lab"},
+			{migrations.Reconciler, "RECONCILER_USERS_DATABASE_PASSWORD", "reconciler"},
 		},
 		load: func(getenv func(string) string) (appConfig, error) {
 			c, r, err := usersvc.LoadConfig(getenv)
@@ -239,6 +243,25 @@ var binaries = map[string]binary{
 					"LAB_USERS_URL": c.UsersURL, "LAB_STUDENT_URL": c.StudentURL, "LAB_STUDENT_ADMIN_URL": c.StudentAdminURL,
 					"LAB_USERS_ADMIN_URL": c.UsersAdminURL, "LAB_SENDER_ADMIN_URL": c.SenderAdminURL,
 				},
+				dbURL: c.StudentDatabaseURL,
+			}, err
+		},
+	},
+	// The reconciler: its admin port serves /metrics and the health
+	// checks without a token, and /report with one (RECONCILER_ADMIN_TOKENS).
+	// It reads both databases as the read-only role reconciler, which
+	// each database's migration gives a password, and calls no service.
+	"reconciler": {
+		pkg: "./reconciler", addrVar: "RECONCILER_ADMIN_ADDR", adminVar: "RECONCILER_ADMIN_ADDR", hostsVar: "RECONCILER_ADMIN_ALLOWED_HOSTS",
+		metrics: true,
+		dbVar:   "RECONCILER_STUDENT_DATABASE_URL", dbOf: "student",
+		role: migrations.Reconciler, passwordVar: "RECONCILER_STUDENT_DATABASE_PASSWORD",
+		more: []connection{{role: migrations.Reconciler, dbVar: "RECONCILER_USERS_DATABASE_URL", passwordVar: "RECONCILER_USERS_DATABASE_PASSWORD", dbOf: "users"}},
+		load: func(getenv func(string) string) (appConfig, error) {
+			c, r, err := reconcile.LoadConfig(getenv)
+			return appConfig{
+				names: r.Names(), defaults: defaults(r),
+				listens: map[string]string{"RECONCILER_ADMIN_ADDR": c.AdminAddr}, hosts: c.AdminAllowedHosts,
 				dbURL: c.StudentDatabaseURL,
 			}, err
 		},

@@ -285,9 +285,11 @@ func newScenario(t *testing.T, def scenarioDef, bins buildSet) *scenario {
 	s.migrate(bins.student, "STUDENT_MIGRATE_DATABASE_URL="+s.studentURL,
 		"STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.StudentApp),
 		"SENDER_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.OutboxSender),
-		"SENDER_CDC_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.OutboxCDC))
+		"SENDER_CDC_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.OutboxCDC),
+		"RECONCILER_STUDENT_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.Reconciler))
 	s.migrate(bins.users, "USERS_MIGRATE_DATABASE_URL="+s.usersURL,
-		"USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.UsersApp))
+		"USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.UsersApp),
+		"RECONCILER_USERS_DATABASE_PASSWORD_FILE="+roleSecret(t, migrations.Reconciler))
 	s.studentDB = s.pool(s.studentURL)
 	s.usersDB = s.pool(s.usersURL)
 
@@ -640,6 +642,8 @@ func (s *scenario) settle() scenarioOutcome {
 		v = append(v, fmt.Sprintf("redeliveries = %d, want at least %d", rep.Redeliveries, s.minRedeliv))
 	}
 	v = append(v, s.checkAPI(rep, st)...)
+	reconciled, rv := s.reconcile()
+	v = append(v, rv...)
 	for _, f := range s.afterChecks {
 		f(rep)
 	}
@@ -654,6 +658,7 @@ func (s *scenario) settle() scenarioOutcome {
 		fmt.Fprintf(&b, "  delivered rows by last claimer: %v\n", rep.ClaimedBy)
 	}
 	b.WriteString(rep.Table())
+	b.WriteString(reconciled)
 	if len(v) > 0 {
 		b.WriteString("VIOLATIONS:\n  " + strings.Join(v, "\n  ") + "\n")
 	} else {
@@ -890,4 +895,65 @@ func (s *scenario) waitLog(p *proc, marker string, timeout time.Duration) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return true
+}
+
+// reconcile runs the shipped reconciler once on the scenario's two
+// databases, as its own read-only role, after the checker: the same rules
+// (internal/drift) applied the way an operator would, through the binary,
+// its paged reads and its role's grants. A quiet system must show no drift
+// (exit status 0), no stuck row, and exactly the dead rows the scenario
+// provokes. It returns the report's line for the scenario's report, and
+// what is wrong.
+func (s *scenario) reconcile() (string, []string) {
+	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.bins.reconciler, "once", "--json")
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin",
+		"RECONCILER_STUDENT_DATABASE_URL=" + asRole(s.t, s.studentURL, migrations.Reconciler),
+		"RECONCILER_STUDENT_DATABASE_PASSWORD_FILE=" + roleSecret(s.t, migrations.Reconciler),
+		"RECONCILER_USERS_DATABASE_URL=" + asRole(s.t, s.usersURL, migrations.Reconciler),
+		"RECONCILER_USERS_DATABASE_PASSWORD_FILE=" + roleSecret(s.t, migrations.Reconciler),
+		"RECONCILER_SENDER_CALLER=" + senderCaller}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	_ = os.WriteFile(filepath.Join(s.dir, "reconciler.json"), out, 0o644)
+	var r struct {
+		Drift   bool `json:"drift"`
+		Classes map[string]struct {
+			Count     int      `json:"count"`
+			Invariant bool     `json:"invariant"`
+			Examples  []string `json:"examples"`
+		} `json:"classes"`
+		Judged struct {
+			Students int `json:"students"`
+			Users    int `json:"users"`
+		} `json:"judged"`
+		DurationSeconds float64 `json:"duration_seconds"`
+	}
+	if jerr := json.Unmarshal(out, &r); jerr != nil || len(r.Classes) == 0 {
+		return "", []string{fmt.Sprintf("reconciler once: %v (%v): %s", err, jerr, stderr.String())}
+	}
+	var v []string
+	if err != nil {
+		v = append(v, fmt.Sprintf("reconciler once: %v (exit status 0 wanted: no drift)", err))
+	}
+	var counts []string
+	for _, class := range []string{"stuck", "dead", "lost", "mislinked", "missing-user", "orphan-user", "duplicate-document", "unrecorded-answer"} {
+		c, ok := r.Classes[class]
+		want := 0
+		if class == "dead" {
+			want = s.expect.Dead
+		}
+		switch {
+		case !ok:
+			v = append(v, "reconciler: its report has no class "+class)
+		case c.Count != want:
+			v = append(v, fmt.Sprintf("reconciler: %s = %d, want %d (first: %v)", class, c.Count, want, c.Examples))
+		}
+		counts = append(counts, fmt.Sprintf("%s %d", class, c.Count))
+	}
+	line := fmt.Sprintf("reconciler once: drift %v, judged %d students and %d users in %.2fs: %s\n",
+		r.Drift, r.Judged.Students, r.Judged.Users, r.DurationSeconds, strings.Join(counts, ", "))
+	return line, v
 }

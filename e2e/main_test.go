@@ -41,11 +41,13 @@ var suite struct {
 	results []scenarioResult
 }
 
-// buildSet is the three programs a scenario runs, and the fault lab
-// (TestLabInBrowser), which no broken variant patches.
+// buildSet is the three programs a scenario runs, the reconciler that
+// judges every scenario's databases at its end, and the fault lab
+// (TestLabInBrowser); no broken variant patches the last two.
 type buildSet struct {
 	label                  string // "good" or the broken variant
 	student, users, sender string
+	reconciler             string
 	lab                    string
 	// natsd is a NATS server as a process of its own: the nodes of the
 	// broker scenarios' cluster, which a scenario kills with SIGKILL.
@@ -151,16 +153,17 @@ func startCluster(name string) (*pgcluster.Cluster, error) {
 func buildAll() error {
 	start := time.Now()
 	dir := filepath.Join(suite.work, "good")
-	if err := goBuild(dir, "", "./services/student", "./services/users", "./outbox-sender", "./lab", "./testkit/natsserver/natsd"); err != nil {
+	if err := goBuild(dir, "", "./services/student", "./services/users", "./outbox-sender", "./reconciler", "./lab", "./testkit/natsserver/natsd"); err != nil {
 		return err
 	}
 	suite.good = buildSet{
-		label:   "good",
-		student: filepath.Join(dir, "student"),
-		users:   filepath.Join(dir, "users"),
-		sender:  filepath.Join(dir, "outbox-sender"),
-		lab:     filepath.Join(dir, "lab"),
-		natsd:   filepath.Join(dir, "natsd"),
+		label:      "good",
+		student:    filepath.Join(dir, "student"),
+		users:      filepath.Join(dir, "users"),
+		sender:     filepath.Join(dir, "outbox-sender"),
+		reconciler: filepath.Join(dir, "reconciler"),
+		lab:        filepath.Join(dir, "lab"),
+		natsd:      filepath.Join(dir, "natsd"),
 	}
 	fmt.Printf("e2e: built the binaries in %s\n", time.Since(start).Round(time.Millisecond))
 

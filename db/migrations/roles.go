@@ -41,6 +41,12 @@ const (
 	// set's: the role is the server's, so both must be given the same one);
 	// a deployment without the lab has the role but no way in.
 	LabReader = "lab_reader"
+	// Reconciler is the reconciler's login on both databases
+	// (reconciler/): it may read the columns its checks read and change
+	// nothing. Like LabReader it logs in once a migrate step was given a
+	// password for it, the same on both sets where they share a server;
+	// without one the role exists and cannot log in.
+	Reconciler = "reconciler"
 )
 
 // Owner is the role that owns the set's tables and applies its migrations.
@@ -55,14 +61,19 @@ func (s Set) Owner() string {
 // they may connect to it.
 func (s Set) Logins() []string {
 	if s == Users {
-		return []string{UsersApp, LabReader}
+		return []string{UsersApp, LabReader, Reconciler}
 	}
-	return []string{StudentApp, OutboxSender, OutboxCDC, LabReader}
+	return []string{StudentApp, OutboxSender, OutboxCDC, LabReader, Reconciler}
 }
 
 // Optional says whether role may be left without a password, and so
-// without a login: the lab's reader, which only a lab uses.
-func Optional(role string) bool { return role == LabReader }
+// without a login: the lab's reader, which only a lab uses, and the
+// reconciler's, which a deployment that does not run it need not set.
+func Optional(role string) bool { return role == LabReader || role == Reconciler }
+
+// readers are the roles that only read: their sessions are read-only by
+// default.
+var readers = []string{LabReader, Reconciler}
 
 // replicates says whether role streams changes from a replication slot,
 // for which it needs the REPLICATION attribute.
@@ -162,12 +173,15 @@ func prepare(ctx context.Context, tx pgx.Tx, set Set, passwords map[string]strin
 			return fmt.Errorf("set the password of %s: %w", role, err)
 		}
 	}
-	// The reader's grants (student/00007, users/00004) allow SELECT only;
-	// read-only transactions as its default say so again, so that a grant
-	// added by mistake later still changes nothing. Roles are cluster-wide,
-	// so this holds on every database the role may connect to.
-	if _, err := tx.Exec(ctx, "ALTER ROLE "+ident(LabReader)+" SET default_transaction_read_only = on"); err != nil {
-		return fmt.Errorf("make %s read-only: %w", LabReader, err)
+	// The readers' grants (student/00007 and 00012, users/00004 and 00006)
+	// allow SELECT only; read-only transactions as their default say so
+	// again, so that a grant added by mistake later still changes nothing.
+	// Roles are cluster-wide, so this holds on every database the role may
+	// connect to.
+	for _, role := range readers {
+		if _, err := tx.Exec(ctx, "ALTER ROLE "+ident(role)+" SET default_transaction_read_only = on"); err != nil {
+			return fmt.Errorf("make %s read-only: %w", role, err)
+		}
 	}
 	// A superuser may SET ROLE to anyone; an administrator with CREATEROLE
 	// must be a member of the owner to act as it. (Creating a role made it

@@ -247,7 +247,7 @@ func TestEachRoleHasItsGrantsAndNoMore(t *testing.T) {
 		t.Run(string(c.set)+"/"+c.role, func(t *testing.T) {
 			t.Parallel()
 			conn := connect(t, pgtest.RoleURL(t, dbs[c.set], c.role))
-			if c.role == migrations.LabReader {
+			if migrations.Optional(c.role) {
 				// Its sessions are read-only by default; the grants must
 				// hold without that, since a session may turn it off.
 				require.Equal(t, "25006", sqlState(inRolledBackTx(conn, `CREATE TABLE t (x int)`)), "read-only by default")
@@ -312,9 +312,11 @@ func TestRolesCannotReachTheOtherDatabase(t *testing.T) {
 		{migrations.StudentApp, studentURL},
 		{migrations.OutboxCDC, studentURL},
 		{migrations.UsersApp, usersURL},
-		// The lab reads both.
+		// The lab and the reconciler read both.
 		{migrations.LabReader, studentURL},
 		{migrations.LabReader, usersURL},
+		{migrations.Reconciler, studentURL},
+		{migrations.Reconciler, usersURL},
 	} {
 		conn, err := tryConnect(pgtest.RoleURL(t, c.url, c.role))
 		require.NoError(t, err, c.role)
@@ -332,7 +334,7 @@ func TestRoleAttributes(t *testing.T) {
 	ctx := context.Background()
 	for _, role := range []string{
 		migrations.StudentApp, migrations.OutboxSender, migrations.OutboxCDC, migrations.UsersApp, migrations.LabReader,
-		migrations.StudentOwner, migrations.UsersOwner,
+		migrations.Reconciler, migrations.StudentOwner, migrations.UsersOwner,
 	} {
 		var powers []string
 		var login bool

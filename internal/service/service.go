@@ -244,6 +244,12 @@ func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
 }
 
+// Healthcheck is the "healthcheck" subcommand, for a binary that does not
+// run as a Binary (the reconciler, which reads two databases).
+func Healthcheck(ctx context.Context, addr string, stdout io.Writer) error {
+	return healthcheck(ctx, addr, stdout)
+}
+
 // healthcheck asks the process listening on addr (on this host) for
 // /readyz and succeeds on 200.
 func healthcheck(ctx context.Context, addr string, stdout io.Writer) error {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxref/outboxref/internal/drift"
 	"github.com/outboxref/outboxref/internal/outbox"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -75,7 +76,8 @@ type StudentCounts struct {
 	Failed  int `json:"failed"`
 }
 
-// OutboxCounts are the create-user outbox rows by state.
+// OutboxCounts are the create-user outbox rows by state; pending counts
+// every row on its way (drift.InFlight), published ones too.
 type OutboxCounts struct {
 	Pending   int `json:"pending"`
 	Delivered int `json:"delivered"`
@@ -184,12 +186,13 @@ func count(rows invariant.State, rep invariant.Report) Counts {
 	}
 	for _, o := range rows.Outbox {
 		c.Attempts += o.Attempts
-		switch o.State {
-		case outbox.StatePending:
+		switch {
+		case drift.InFlight(o.State):
+			// Pending or, with the broker transport, published: on its way.
 			c.Outbox.Pending++
-		case outbox.StateDelivered:
+		case o.State == outbox.StateDelivered:
 			c.Outbox.Delivered++
-		case outbox.StateDead:
+		case o.State == outbox.StateDead:
 			c.Outbox.Dead++
 		}
 	}

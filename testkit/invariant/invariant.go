@@ -5,7 +5,13 @@
 //
 // Two readers share it: the fault-injection suite (e2e/), which judges a
 // system that has gone quiet, and the fault lab (lab/), which shows the
-// same verdict live while a person breaks the network.
+// same verdict live while a person breaks the network. What each row
+// means is not decided here but in internal/drift, which the shipped
+// reconciler judges with too, so that the three cannot disagree about
+// "lost", "duplicated" or "mislinked". This package keeps what only a test
+// knows or wants: the students the test saw acknowledged, the keys it sent
+// itself, what a scenario expects, whole-database loads, and the table the
+// suite prints.
 package invariant
 
 import (
@@ -15,6 +21,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/outboxref/outboxref/internal/drift"
 	"github.com/outboxref/outboxref/internal/outbox"
 
 	"github.com/google/uuid"
@@ -22,28 +29,20 @@ import (
 )
 
 // StudentRow is a row of Student's students table.
-type StudentRow struct {
-	ID             uuid.UUID
-	DocumentNumber string
-	UserID         uuid.NullUUID
-}
+type StudentRow = drift.Student
 
 // OutboxRow is a create-user row of Student's outbox.
 type OutboxRow struct {
 	StudentID uuid.UUID
 	Key       string // the idempotency key sent on every delivery
-	State     string // pending, delivered or dead
+	State     string // pending, published, delivered or dead
 	Attempts  int    // claims that may have led to a request, before and since redrives
 	LastError string
 	ClaimedBy string
 }
 
 // UserRow is a row of Users' users table.
-type UserRow struct {
-	ID             uuid.UUID
-	DocumentNumber string
-	Enabled        bool
-}
+type UserRow = drift.User
 
 // InboxRow is a row of Users' inbox. Keys are scoped by caller: the same
 // key from two callers is two rows.
@@ -79,7 +78,8 @@ type Input struct {
 	Acked []uuid.UUID
 	// Live says the system is still running (LoadLive): a pending row is
 	// then normal, not a problem to describe, and a linked student whose
-	// outbox or inbox row retention has purged is judged by its user alone.
+	// outbox or inbox row retention has purged is judged by its user alone
+	// (drift.Rules.MayBePurged).
 	Live bool
 	// Recent are users a live read cannot judge yet (LoadLive): one that no
 	// student accounts for is not counted as unexpected, and a dead row
@@ -87,30 +87,21 @@ type Input struct {
 	Recent map[uuid.UUID]bool
 }
 
-// Class is the verdict on one student.
-type Class string
+// Class is the verdict on one student: drift's, or Duplicated.
+type Class = drift.Verdict
 
+// The verdicts, as internal/drift defines them.
 const (
-	// Linked: exactly one user for its key, and students.user_id equals
-	// the user id Users stored in its inbox under that key.
-	Linked Class = "linked"
-	// Dead: the outbox row was dead-lettered with a reason and Users
-	// created no user for its key.
-	Dead Class = "dead"
-	// Pending: still waiting for delivery. After the suite waited for
-	// quiescence this should never be seen.
-	Pending Class = "pending"
-	// Lost: committed, never linked, and not (rightly) dead-lettered: the
-	// row was marked delivered without a link, has no outbox row at all,
-	// was dead-lettered without a reason, or was dead-lettered although
-	// Users did create its user.
-	Lost Class = "lost"
-	// Duplicated: more than one user carries the student's document number.
+	Linked      = drift.Linked
+	Dead        = drift.Dead
+	Pending     = drift.Pending // after the suite waited for quiescence this should never be seen
+	Lost        = drift.Lost
+	Mislinked   = drift.Mislinked
+	MissingUser = drift.MissingUser
+	// Duplicated: the student's document number has more than one enabled
+	// user (drift.Duplicated). It takes precedence over the student's own
+	// verdict: whichever user it is linked to, it has two.
 	Duplicated Class = "duplicated"
-	// Mislinked: user_id is set but differs from the result stored in
-	// Users' inbox for the key (or Users stored none, or that user does
-	// not exist or has another document number).
-	Mislinked Class = "mislinked"
 )
 
 // Report is the checker's verdict in numbers.
@@ -121,7 +112,9 @@ type Report struct {
 	Pending    int
 	Lost       int
 	Duplicated int
-	Mislinked  int
+	// Mislinked counts the students linked to the wrong user and those
+	// linked to a user Users does not have (ByClass tells them apart).
+	Mislinked int
 	// Vanished counts students Student acknowledged with a 201 that are
 	// not in its database.
 	Vanished int
@@ -158,8 +151,8 @@ func (r *Report) problem(format string, args ...any) {
 	}
 }
 
-// Classify judges a State. It is a pure function so that its rules can be
-// tested on hand-built rows.
+// Classify judges a State with drift's rules. It is a pure function so
+// that its use of them can be tested on hand-built rows.
 func Classify(st State, in Input) Report {
 	r := Report{
 		Students:    len(st.Students),
@@ -169,6 +162,7 @@ func Classify(st State, in Input) Report {
 		ClaimedBy:   map[string]int{},
 	}
 	x := newIndex(&r, st, in)
+	rules := drift.Rules{MayBePurged: in.Live, Recent: func(id uuid.UUID) bool { return in.Recent[id] }}
 	// Users some student accounts for: the one it is linked to, and the
 	// one Users stored under its key (which the student's own verdict
 	// judges if the two differ).
@@ -176,18 +170,21 @@ func Classify(st State, in Input) Report {
 	students := make(map[uuid.UUID]bool, len(st.Students))
 	for _, s := range st.Students {
 		students[s.ID] = true
+		f := drift.Facts{Student: s, Users: x.users}
 		o, hasOutbox := x.outbox[s.ID]
-		ib, hasInbox := InboxRow{}, false
 		if hasOutbox {
-			ib, hasInbox = x.inbox[o.Key]
+			f.Outbox = &drift.Outbox{Key: o.Key, State: o.State, LastError: o.LastError}
+			if ib, ok := x.inbox[o.Key]; ok {
+				f.Answer = &drift.Answer{StatusCode: ib.StatusCode, UserID: ib.ResourceID}
+			}
 		}
 		if s.UserID.Valid {
 			claimed[s.UserID.UUID] = true
 		}
-		if hasInbox && ib.ResourceID.Valid {
-			claimed[ib.ResourceID.UUID] = true
+		if f.Answer != nil && f.Answer.UserID.Valid {
+			claimed[f.Answer.UserID.UUID] = true
 		}
-		class := classifyStudent(&r, s, o, hasOutbox, ib, hasInbox, x, in)
+		class := r.judge(f, rules, x, o, in.Live)
 		r.ByClass[s.ID] = class
 		r.count(class, o)
 	}
@@ -201,13 +198,34 @@ func Classify(st State, in Input) Report {
 	return r
 }
 
+// judge is one student's verdict, with the problem it describes.
+func (r *Report) judge(f drift.Facts, rules drift.Rules, x index, o OutboxRow, live bool) Class {
+	s := f.Student
+	if docUsers := x.byDoc[s.DocumentNumber]; drift.Duplicated(docUsers) {
+		ids := make([]string, len(docUsers))
+		for i, u := range docUsers {
+			ids[i] = u.ID.String()
+		}
+		r.problem("duplicated: student %s has %d users: %s", s.ID, len(docUsers), strings.Join(ids, ", "))
+		return Duplicated
+	}
+	j := drift.Judge(f, rules)
+	switch {
+	case j.Why != "":
+		r.problem("%s: %s", j.Verdict, j.Why)
+	case j.Verdict == Pending && !live && drift.InFlight(o.State):
+		r.problem("pending: student %s still waits for delivery (state %s, attempts %d, last error %q)", s.ID, o.State, o.Attempts, o.LastError)
+	}
+	return j.Verdict
+}
+
 // index is a State's rows by what Classify looks them up by.
 type index struct {
 	outbox  map[uuid.UUID]OutboxRow // by student
 	inbox   map[string]InboxRow     // the students' caller's rows, by key
 	foreign map[uuid.UUID]bool      // users created under another caller's or a foreign key
 	users   map[uuid.UUID]UserRow
-	byDoc   map[string][]UserRow // the users that are not foreign, by document number
+	byDoc   map[string][]UserRow // the enabled users, by document number
 }
 
 // newIndex indexes st, and counts on r what the rows say by themselves:
@@ -238,10 +256,10 @@ func newIndex(r *Report, st State, in Input) index {
 	}
 	for _, u := range st.Users {
 		x.users[u.ID] = u
-		// A foreign user is someone else's, whatever its document number:
-		// an operator's user with a student's number (the runbook's poison
-		// row) is not that student's second user.
-		if !x.foreign[u.ID] {
+		// Whoever made it, a second enabled user for a document number is
+		// the incident (drift.Duplicated); a disabled one, such as the
+		// operator's user the runbook's poison row disables, is not.
+		if u.Enabled {
 			x.byDoc[u.DocumentNumber] = append(x.byDoc[u.DocumentNumber], u)
 		}
 	}
@@ -262,107 +280,25 @@ func (r *Report) count(class Class, o OutboxRow) {
 		r.Lost++
 	case Duplicated:
 		r.Duplicated++
-	case Mislinked:
+	case Mislinked, MissingUser:
 		r.Mislinked++
 	}
 }
 
 // countUsers judges the users no student's verdict covers: foreign ones
 // are someone else's; any other that no student accounts for is
-// unexpected, unless its student may have been created after Student was
-// read.
+// unexpected (drift.Orphan), unless its student may have been created
+// after Student was read.
 func (r *Report) countUsers(users []UserRow, claimed, foreign, recent map[uuid.UUID]bool) {
 	for _, u := range users {
 		switch {
 		case foreign[u.ID]:
 			r.Foreign++
-		case !claimed[u.ID] && recent[u.ID]:
-		case !claimed[u.ID]:
+		case drift.Orphan(claimed[u.ID], false, recent[u.ID]):
 			r.Unexpected++
-			r.problem("unexpected user %s (document %s): no student is linked to it and no key of a student or of the test stored it",
-				u.ID, u.DocumentNumber)
+			r.problem("unexpected user %s: no student is linked to it and no key of a student or of the test stored it", u.ID)
 		}
 	}
-}
-
-// classifyStudent judges one student from its row, its outbox row and the
-// answer Users stored under the row's key: linked to the user created under
-// its key, rightly dead, still pending, or lost, duplicated or mislinked.
-func classifyStudent(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib InboxRow, hasInbox bool, x index, in Input) Class {
-	switch {
-	case len(x.byDoc[s.DocumentNumber]) > 1:
-		docUsers := x.byDoc[s.DocumentNumber]
-		ids := make([]string, len(docUsers))
-		for i, u := range docUsers {
-			ids[i] = u.ID.String()
-		}
-		r.problem("duplicated: student %s (document %s) has %d users: %s", s.ID, s.DocumentNumber, len(docUsers), strings.Join(ids, ", "))
-		return Duplicated
-	case s.UserID.Valid:
-		return judgeLink(r, s, o, hasOutbox, ib, hasInbox, x.users, in.Live)
-	case !hasOutbox:
-		r.problem("lost: student %s has no create-user outbox row", s.ID)
-		return Lost
-	case o.State == outbox.StateDead:
-		switch {
-		case hasInbox && ib.ResourceID.Valid && in.Recent[ib.ResourceID.UUID]:
-			return Pending // redriven since Student was read, and delivered
-		case hasInbox && ib.ResourceID.Valid:
-			r.problem("lost: student %s was dead-lettered (%q) although Users created user %s under key %s", s.ID, o.LastError, ib.ResourceID.UUID, o.Key)
-			return Lost
-		case o.LastError == "":
-			r.problem("lost: student %s was dead-lettered without a reason", s.ID)
-			return Lost
-		}
-		return Dead
-	case o.State == outbox.StatePending && in.Live:
-		return Pending
-	case o.State == outbox.StatePending:
-		r.problem("pending: student %s still waits for delivery (attempts %d, last error %q)", s.ID, o.Attempts, o.LastError)
-		return Pending
-	}
-	if hasInbox && ib.ResourceID.Valid {
-		r.problem("lost: student %s: outbox row is %s but user_id is unset; Users created %s under key %s", s.ID, o.State, ib.ResourceID.UUID, o.Key)
-	} else {
-		r.problem("lost: student %s: outbox row is %s but user_id is unset and Users stored no user under key %s", s.ID, o.State, o.Key)
-	}
-	return Lost
-}
-
-// judgeLink judges a linked student: its user must be the one Users stored
-// under its key, and carry its document number.
-func judgeLink(r *Report, s StudentRow, o OutboxRow, hasOutbox bool, ib InboxRow, hasInbox bool, users map[uuid.UUID]UserRow, live bool) Class {
-	if live && (!hasOutbox || !hasInbox) {
-		// Retention purges delivered outbox rows and old inbox rows, so a
-		// running system's old links cannot be checked against the key;
-		// the user must still be there, with the student's document.
-		if u, ok := users[s.UserID.UUID]; ok && u.DocumentNumber == s.DocumentNumber {
-			return Linked
-		}
-		r.problem("mislinked: student %s is linked to %s, which is not in Users with document %s", s.ID, s.UserID.UUID, s.DocumentNumber)
-		return Mislinked
-	}
-	switch {
-	case !hasOutbox:
-		r.problem("mislinked: student %s is linked to %s but has no create-user outbox row", s.ID, s.UserID.UUID)
-		return Mislinked
-	case !hasInbox || !ib.ResourceID.Valid:
-		r.problem("mislinked: student %s is linked to %s but Users stored no user under key %s", s.ID, s.UserID.UUID, o.Key)
-		return Mislinked
-	case ib.ResourceID.UUID != s.UserID.UUID:
-		r.problem("mislinked: student %s is linked to %s but Users stored %s under key %s", s.ID, s.UserID.UUID, ib.ResourceID.UUID, o.Key)
-		return Mislinked
-	}
-	u, ok := users[s.UserID.UUID]
-	switch {
-	case !ok:
-		r.problem("mislinked: student %s is linked to %s, which is not in Users", s.ID, s.UserID.UUID)
-		return Mislinked
-	case u.DocumentNumber != s.DocumentNumber:
-		r.problem("mislinked: student %s (document %s) is linked to user %s with document %s", s.ID, s.DocumentNumber, u.ID, u.DocumentNumber)
-		return Mislinked
-	}
-	return Linked
 }
 
 // A Check is one invariant, as counted in a report, with what a count
@@ -378,8 +314,8 @@ type Check struct {
 func (r Report) Checks() []Check {
 	return []Check{
 		{"lost", r.Lost, "A student whose user will never come: it was marked delivered or dead-lettered without a link, or its outbox row is missing. The outbox exists to make this impossible."},
-		{"duplicated", r.Duplicated, "A student with more than one user. A retry that Users performed again instead of replaying its stored answer would make one."},
-		{"mislinked", r.Mislinked, "A student linked to a user other than the one Users stored under the student's idempotency key: an answer recorded on the wrong row."},
+		{"duplicated", r.Duplicated, "A student whose document number has more than one enabled user. A retry that Users performed again instead of replaying its stored answer would make one."},
+		{"mislinked", r.Mislinked, "A student linked to a user other than the one Users stored under the student's idempotency key (an answer recorded on the wrong row), or to a user Users does not have."},
 		{"unexpected", r.Unexpected, "A user no student accounts for: created under a key no outbox row carries, as a delivery with a fresh key each attempt would do."},
 	}
 }

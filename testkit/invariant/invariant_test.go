@@ -172,10 +172,21 @@ func TestClassifyEachFailure(t *testing.T) {
 				id, key := w.student("delivered", 1)
 				stored := w.user(docOf(w.n))
 				w.inbox(key, stored, 0)
-				w.link(id, uuid.New())
+				w.link(id, w.user("DOC-OTHER"))
 				return id
 			},
 			class: Mislinked,
+		},
+		{
+			name: "linked to a user Users does not have",
+			build: func(w *world) uuid.UUID {
+				id, key := w.student("delivered", 1)
+				stored := w.user(docOf(w.n))
+				w.inbox(key, stored, 0)
+				w.link(id, uuid.New())
+				return id
+			},
+			class: MissingUser,
 		},
 		{
 			name: "linked although Users stored nothing under the key",
@@ -411,9 +422,34 @@ func TestClassifyRunbookPoisonRow(t *testing.T) {
 		require.Zero(t, r.Unexpected)
 		require.Empty(t, Violations(r, Expect{}))
 	}
-	// The same users made under the sender's own keys would be a duplicate.
+	// The same users made under the sender's own keys are no duplicate,
+	// since the operator's is disabled: one enabled user per document is
+	// the rule (drift.Duplicated). But the disabled one is then a user no
+	// student accounts for, and the checker says so.
 	w.st.Inbox[0].Caller = sender
+	r := Classify(w.st, Input{Caller: sender})
+	require.Equal(t, Linked, r.ByClass[id])
+	require.Equal(t, 1, r.Unexpected)
+	require.NotEmpty(t, Violations(r, Expect{}))
+	// Enabled again, it is the second user of the student's document.
+	w.st.Users[0].Enabled = true
 	require.Equal(t, Duplicated, Classify(w.st, Input{Caller: sender}).ByClass[id])
+}
+
+// TestClassifyPublished: with the broker transport a row waits in state
+// published for Users' answer. It is on its way, like a pending row: a live
+// read must not call it lost, and a quiet one counts it as pending.
+func TestClassifyPublished(t *testing.T) {
+	t.Parallel()
+	var w world
+	id, _ := w.student("published", 1)
+	r := Classify(w.st, Input{Live: true})
+	require.Equal(t, Pending, r.ByClass[id])
+	require.Zero(t, r.Lost)
+	require.Empty(t, r.Problems)
+	r = Classify(w.st, Input{})
+	require.Equal(t, Pending, r.ByClass[id])
+	require.Equal(t, []string{"pending = 1, want 0"}, Violations(r, Expect{}))
 }
 
 // TestClassifyLivePurged: retention purges delivered outbox rows and old

@@ -61,6 +61,7 @@ var Passwords = map[string]string{
 	migrations.OutboxCDC:    "test-outbox-cdc",
 	migrations.UsersApp:     "test-users-app",
 	migrations.LabReader:    "test-lab-reader",
+	migrations.Reconciler:   "test-reconciler",
 }
 
 // URL creates a fresh, migrated database for the test and returns its URL,

@@ -27,7 +27,7 @@ type Config struct {
 	// may come from STUDENT_MIGRATE_DATABASE_PASSWORD), and the passwords
 	// it gives the runtime roles of Student's database.
 	MigrateDatabaseURL string          // STUDENT_MIGRATE_DATABASE_URL
-	Logins             []service.Login // STUDENT_DATABASE_PASSWORD, SENDER_DATABASE_PASSWORD, SENDER_CDC_DATABASE_PASSWORD, LAB_STUDENT_DATABASE_PASSWORD
+	Logins             []service.Login // STUDENT_DATABASE_PASSWORD, SENDER_DATABASE_PASSWORD, SENDER_CDC_DATABASE_PASSWORD, LAB_STUDENT_DATABASE_PASSWORD, RECONCILER_STUDENT_DATABASE_PASSWORD
 
 	// HTTPMaxConns caps the API's open connections (httpapi.LimitConns).
 	HTTPMaxConns int // STUDENT_HTTP_MAX_CONNS
@@ -99,6 +99,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		{Role: migrations.OutboxCDC, Variable: "SENDER_CDC_DATABASE_PASSWORD", Password: e.Secret("SENDER_CDC_DATABASE_PASSWORD")},
 		// Optional: without it the lab's reader cannot log in.
 		{Role: migrations.LabReader, Variable: "LAB_STUDENT_DATABASE_PASSWORD", Password: e.Secret("LAB_STUDENT_DATABASE_PASSWORD")},
+		// Optional too: without it the reconciler cannot log in.
+		{Role: migrations.Reconciler, Variable: "RECONCILER_STUDENT_DATABASE_PASSWORD", Password: e.Secret("RECONCILER_STUDENT_DATABASE_PASSWORD")},
 	}
 	// GOMAXPROCS is Go's own, applied by main (service.SetProcs); a bad one
 	// is reported here, with the rest.

@@ -29,7 +29,7 @@ type Config struct {
 	// may come from USERS_MIGRATE_DATABASE_PASSWORD), and the password it
 	// gives users_app.
 	MigrateDatabaseURL string          // USERS_MIGRATE_DATABASE_URL
-	Logins             []service.Login // USERS_DATABASE_PASSWORD, LAB_USERS_DATABASE_PASSWORD
+	Logins             []service.Login // USERS_DATABASE_PASSWORD, LAB_USERS_DATABASE_PASSWORD, RECONCILER_USERS_DATABASE_PASSWORD
 
 	// HTTPMaxConns caps the API's open connections (httpapi.LimitConns).
 	HTTPMaxConns int // USERS_HTTP_MAX_CONNS
@@ -119,6 +119,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		{Role: migrations.UsersApp, Variable: "USERS_DATABASE_PASSWORD", Password: password},
 		// Optional: without it the lab's reader cannot log in.
 		{Role: migrations.LabReader, Variable: "LAB_USERS_DATABASE_PASSWORD", Password: e.Secret("LAB_USERS_DATABASE_PASSWORD")},
+		// Optional too: without it the reconciler cannot log in.
+		{Role: migrations.Reconciler, Variable: "RECONCILER_USERS_DATABASE_PASSWORD", Password: e.Secret("RECONCILER_USERS_DATABASE_PASSWORD")},
 	}
 	// GOMAXPROCS is Go's own, applied by main (service.SetProcs); a bad one
 	// is reported here, with the rest.
