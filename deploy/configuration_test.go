@@ -134,12 +134,12 @@ func TestDocsConfigCheckerCatchesMistakes(t *testing.T) {
 }
 
 // TestBadGOMAXPROCSIsReportedWithTheRest: the page says one message names
-// every bad variable, and a bad GOMAXPROCS (Go's own, read by the three
-// services' main) is one of them.
+// every bad variable, and a bad GOMAXPROCS (Go's own, read by each
+// binary's main) is one of them.
 func TestBadGOMAXPROCSIsReportedWithTheRest(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"GOMAXPROCS": "0", "LOG_LEVEL": "loud"}
-	for _, name := range []string{"student", "users", "outbox-sender"} {
+	for _, name := range []string{"student", "users", "outbox-sender", "reconciler"} {
 		err := configLoaders[name](func(k string) string { return env[k] }).Err()
 		require.ErrorContains(t, err, `GOMAXPROCS="0": want a whole number of cores`, name)
 		require.ErrorContains(t, err, `LOG_LEVEL="loud"`, name)

@@ -20,10 +20,8 @@ func main() { os.Exit(run()) }
 func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := service.SetProcs(os.Getenv) // one core unless GOMAXPROCS says otherwise
-	if err == nil {
-		err = reconcile.Run(ctx, os.Args[1:], os.Getenv, os.Stdout)
-	}
+	service.SetProcs(os.Getenv) // one core unless GOMAXPROCS says otherwise
+	err := reconcile.Run(ctx, os.Args[1:], os.Getenv, os.Stdout)
 	if code := reconcile.ExitCode(err); code != 2 {
 		return code // the report says what drift it found
 	}

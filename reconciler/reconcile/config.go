@@ -6,6 +6,7 @@ import (
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/auth"
 	"github.com/outboxref/outboxref/internal/envconfig"
+	"github.com/outboxref/outboxref/internal/service"
 )
 
 // Config is the reconciler's configuration; docs/configuration.md lists
@@ -83,5 +84,8 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 	e.Check(c.Interval <= c.FullEvery,
 		"RECONCILER_INTERVAL=%s must not exceed RECONCILER_FULL_EVERY=%s: the incremental passes run between full ones", c.Interval, c.FullEvery)
 	c.Operators = auth.CallersVar(e, "RECONCILER_ADMIN_TOKENS", "operator", "name:token")
+	// GOMAXPROCS is Go's own, applied by main (service.SetProcs); a bad one
+	// is reported here, with the rest.
+	service.CheckProcs(e, getenv)
 	return c, e, e.Err()
 }
