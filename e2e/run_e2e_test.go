@@ -142,7 +142,7 @@ func TestMakeRun(t *testing.T) {
 		t.Fatal("make run did not stop within 90s of Ctrl-C")
 	}
 	stopped = true
-	require.Eventually(t, func() bool { return strings.Contains(printed.String(), "\nstopped\n") }, 5*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(printed.String(), "\nstopped\n") }, 30*time.Second, 50*time.Millisecond)
 	for port := base; port < base+runPorts; port++ {
 		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		require.NoError(t, err, "port %d is still taken after make run stopped", port)
