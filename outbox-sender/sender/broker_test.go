@@ -183,6 +183,9 @@ func TestBrokerPublishesAndLinksFromReplies(t *testing.T) {
 	// A reply can overtake the recording of its own publish: the row is
 	// delivered by then, and the publish's recording leaves it alone.
 	require.Equal(t, len(ids), count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered' AND lease_token IS NULL"))
+	// The counters move after the commits the checks above see: read them
+	// once the sender has stopped, when every recording is done.
+	r.wait(t)
 	// One publish per row, unless an answer took longer than the test's
 	// short SENDER_NATS_ANSWER_WAIT (a busy machine): then the row was
 	// published again, and the broker dropped every such repeat.
@@ -437,7 +440,10 @@ func TestBrokerFullKeepsRowsInTheOutbox(t *testing.T) {
 	eventually(t, "rows refused as broker-full", func() bool {
 		return count(t, pool, fmt.Sprintf("SELECT count(*) FROM outbox WHERE state = 'pending' AND reason_class = '%s'", outbox.ReasonBrokerFull)) > 0
 	})
-	require.Positive(t, r.metric(t, "outbox_sender_results_total", "verdict", outbox.OutcomeRetry, "reason_class", outbox.ReasonBrokerFull))
+	// Counted just after the commit the check above sees.
+	eventually(t, "the refusals counted", func() bool {
+		return r.metric(t, "outbox_sender_results_total", "verdict", outbox.OutcomeRetry, "reason_class", outbox.ReasonBrokerFull) > 0
+	})
 	s, err := js.Stream(ctx, natsbus.CommandStream)
 	require.NoError(t, err)
 	require.Less(t, s.CachedInfo().State.Msgs, uint64(20), "the stream holds what fits")
