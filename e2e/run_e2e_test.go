@@ -124,7 +124,7 @@ func TestMakeRun(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Counts.Students.Linked == 3
-	}, 10*time.Second, 100*time.Millisecond, "the lab shows the three students linked")
+	}, 30*time.Second, 100*time.Millisecond, "the lab shows the three students linked")
 	require.Len(t, st.Checker, 4)
 	for _, c := range st.Checker {
 		require.Zero(t, c.Count, "the lab's checker: %s", c.Name)
