@@ -147,9 +147,11 @@ func TestDocumentedMetricsExistFromTheStart(t *testing.T) {
 			docs = pollMetrics(senders)
 		} else {
 			// The slot's figures are there once the sender made its slot.
+			// Making one waits for every transaction then running in the
+			// whole cluster, other tests' included.
 			require.Eventually(t, func() bool {
 				return scrapeFamilies(t, "http://"+admin+"/metrics")["outbox_cdc_retained_wal_bytes"] > 0
-			}, 20*time.Second, 50*time.Millisecond, "the cdc sender's slot")
+			}, time.Minute, 50*time.Millisecond, "the cdc sender's slot")
 		}
 		require.Empty(t, missingMetrics(docs, scrapeFamilies(t, "http://"+admin+"/metrics")), "a %s sender's metrics", source)
 	}

@@ -124,7 +124,7 @@ func TestMakeRun(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Counts.Students.Linked == 3
-	}, 10*time.Second, 100*time.Millisecond, "the lab shows the three students linked")
+	}, 30*time.Second, 100*time.Millisecond, "the lab shows the three students linked")
 	require.Len(t, st.Checker, 4)
 	for _, c := range st.Checker {
 		require.Zero(t, c.Count, "the lab's checker: %s", c.Name)
@@ -142,7 +142,7 @@ func TestMakeRun(t *testing.T) {
 		t.Fatal("make run did not stop within 90s of Ctrl-C")
 	}
 	stopped = true
-	require.Eventually(t, func() bool { return strings.Contains(printed.String(), "\nstopped\n") }, 5*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(printed.String(), "\nstopped\n") }, 30*time.Second, 50*time.Millisecond)
 	for port := base; port < base+runPorts; port++ {
 		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		require.NoError(t, err, "port %d is still taken after make run stopped", port)

@@ -92,11 +92,14 @@ func TestSlowBodyIs408(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			// Before the dial: the server's clock starts once it has the
+			// connection, which on a loaded machine can be well before
+			// the dial returns here.
+			start := time.Now()
 			conn, err := net.Dial("tcp", addr)
 			require.NoError(t, err)
 			defer conn.Close()
 			require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
-			start := time.Now()
 			_, err = io.WriteString(conn, request) // and then nothing more
 			require.NoError(t, err)
 			br := bufio.NewReader(conn)
@@ -363,7 +366,12 @@ func TestServerAnswersItself(t *testing.T) {
 	addr := startServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handled <- r.Method + " " + r.URL.String()
 		h.ServeHTTP(w, r)
-	}), func(s *http.Server) { s.ReadHeaderTimeout = 300 * time.Millisecond })
+	}), func(s *http.Server) {
+		// Short, for the headers that stop arriving; yet long enough that
+		// the whole requests, written the moment the dial returns, are
+		// never cut off on a loaded machine.
+		s.ReadHeaderTimeout = 2 * time.Second
+	})
 	for _, tt := range serverAnswers {
 		t.Run(tt.name, func(t *testing.T) {
 			conn, err := net.Dial("tcp", addr)

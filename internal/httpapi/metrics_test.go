@@ -83,11 +83,17 @@ func TestMetricsRoute(t *testing.T) {
 	require.Contains(t, w.Body.String(), "\nprocess_start_time_seconds ")
 }
 
-// slowCollector takes its time, as one that reads a busy database does.
-type slowCollector struct{ d time.Duration }
+// slowCollector takes its time, as one that reads a busy database does:
+// each collection says on started that it has begun, then waits for a
+// token on release. The test decides when each ends, however slow the
+// machine.
+type slowCollector struct{ started, release chan struct{} }
 
 func (s slowCollector) Describe(chan<- *prometheus.Desc) {}
-func (s slowCollector) Collect(chan<- prometheus.Metric) { time.Sleep(s.d) }
+func (s slowCollector) Collect(chan<- prometheus.Metric) {
+	s.started <- struct{}{}
+	<-s.release
+}
 
 // TestExtraScrapesWait: two scrapes are served at a time and a third
 // waits its turn, then succeeds; a scrape that waits longer than its
@@ -99,7 +105,8 @@ func TestExtraScrapesWait(t *testing.T) {
 	var mu sync.Mutex
 	log := slog.New(slog.NewJSONHandler(&lockedWriter{w: logs, mu: &mu}, nil))
 	r := NewRouter(log, func(context.Context) error { return nil })
-	MetricsRoute(r, log, NewRegistry(slowCollector{300 * time.Millisecond}))
+	slow := slowCollector{started: make(chan struct{}, 3), release: make(chan struct{})}
+	MetricsRoute(r, log, NewRegistry(slow))
 	scrape := func(timeout string) *httptest.ResponseRecorder {
 		w := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodGet, "/metrics", http.NoBody)
@@ -113,6 +120,17 @@ func TestExtraScrapesWait(t *testing.T) {
 	for range 3 {
 		go func() { codes <- scrape("").Code }()
 	}
+	<-slow.started
+	<-slow.started
+	select {
+	case <-slow.started:
+		t.Fatal("a third scrape was served beside two")
+	case <-time.After(100 * time.Millisecond):
+	}
+	slow.release <- struct{}{}
+	<-slow.started // the third, once one of the two is done
+	slow.release <- struct{}{}
+	slow.release <- struct{}{}
 	for range 3 {
 		require.Equal(t, http.StatusOK, <-codes, "every scrape is served, the third after waiting")
 	}
@@ -120,11 +138,14 @@ func TestExtraScrapesWait(t *testing.T) {
 	for range 2 {
 		go func() { codes <- scrape("").Code }()
 	}
-	time.Sleep(50 * time.Millisecond) // both are being served
+	<-slow.started
+	<-slow.started // both are being served, until released
 	w := scrape("0.1")
 	require.Equal(t, http.StatusServiceUnavailable, w.Code)
 	require.Equal(t, ProblemContentType, w.Header().Get("Content-Type"))
 	require.Equal(t, "1", w.Header().Get("Retry-After"))
+	slow.release <- struct{}{}
+	slow.release <- struct{}{}
 	for range 2 {
 		require.Equal(t, http.StatusOK, <-codes)
 	}

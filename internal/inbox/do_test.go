@@ -26,8 +26,13 @@ func TestDo(t *testing.T) {
 	ctx := context.Background()
 	dbURL := pgtest.URL(t, migrations.Users)
 	admin := pgtest.Connect(t, dbURL)
-	ib := inbox.New(pgtest.ConnectAs(t, dbURL, migrations.UsersApp))
+	app := pgtest.ConnectAs(t, dbURL, migrations.UsersApp)
+	// A short lock timeout, for the cases whose wait runs out; the cases
+	// whose holder ends while Do waits use the default, far longer than
+	// the end takes on a loaded machine.
+	ib := inbox.New(app)
 	ib.LockTimeout = 300 * time.Millisecond
+	patient := inbox.New(app)
 
 	ada := inbox.Request{"name": "Ada", "document_number": "D1"}
 	// createUser is an operation that creates a user with document number
@@ -46,8 +51,8 @@ func TestDo(t *testing.T) {
 		return apitest.Count(t, admin, "SELECT count(*) FROM inbox WHERE idempotency_key = $1", key)
 	}
 	// hold runs sql in a transaction of the administrator's that stays
-	// open until end (nil: until the test ends) is called on it, at most a
-	// moment later, while Do waits.
+	// open until end (nil: until the test ends) is called on it, once Do
+	// waits for its lock (or after 30s, if Do never does).
 	hold := func(sql string, end func(pgx.Tx, context.Context) error) {
 		tx, err := admin.Begin(ctx)
 		require.NoError(t, err)
@@ -56,10 +61,18 @@ func TestDo(t *testing.T) {
 		require.NoError(t, err)
 		if end != nil {
 			ended := make(chan struct{})
-			time.AfterFunc(100*time.Millisecond, func() {
+			go func() {
 				defer close(ended)
+				for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					var waiting bool
+					err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+						WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+					if err == nil && waiting {
+						break
+					}
+				}
 				_ = end(tx, ctx)
-			})
+			}()
 			// Cleanups run last first: the end is over before the rollback.
 			t.Cleanup(func() { <-ended })
 		}
@@ -72,6 +85,7 @@ func TestDo(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		before   func(key string) // nil for nothing
+		patient  bool             // Do waits with the default lock timeout
 		req      inbox.Request
 		op       func(doc string) inbox.Op
 		replayed bool
@@ -97,11 +111,11 @@ func TestDo(t *testing.T) {
 			before: func(key string) { holdKey(key, nil) },
 			req:    ada, op: createUser, err: inbox.ErrKeyInProgress, users: 0, keys: 0},
 		{name: "a holder that rolls back while Do waits leaves the key to it",
-			before: func(key string) { holdKey(key, pgx.Tx.Rollback) },
-			req:    ada, op: createUser, status: http.StatusCreated, users: 1, keys: 1},
+			before: func(key string) { holdKey(key, pgx.Tx.Rollback) }, patient: true,
+			req: ada, op: createUser, status: http.StatusCreated, users: 1, keys: 1},
 		{name: "a holder that commits while Do waits is replayed, or here mismatched",
-			before: func(key string) { holdKey(key, pgx.Tx.Commit) },
-			req:    ada, op: createUser, fields: []string{"document_number", "name"}, users: 0, keys: 1},
+			before: func(key string) { holdKey(key, pgx.Tx.Commit) }, patient: true,
+			req: ada, op: createUser, fields: []string{"document_number", "name"}, users: 0, keys: 1},
 		{name: "a conflicting lock held past the lock timeout stores nothing",
 			before: func(key string) {
 				hold("INSERT INTO users (id, name, email, document_number) VALUES (gen_random_uuid(), 'X', 'x@example.com', '"+key+"')", nil)
@@ -119,7 +133,11 @@ func TestDo(t *testing.T) {
 			if tc.before != nil {
 				tc.before(key)
 			}
-			out, replayed, err := ib.Do(ctx, inbox.Key{Caller: "outbox-sender", Value: key}, tc.req, tc.op(key))
+			in := ib
+			if tc.patient {
+				in = patient
+			}
+			out, replayed, err := in.Do(ctx, inbox.Key{Caller: "outbox-sender", Value: key}, tc.req, tc.op(key))
 			var mismatch *inbox.MismatchError
 			switch {
 			case tc.fields != nil:

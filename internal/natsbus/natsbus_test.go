@@ -109,7 +109,7 @@ func TestPermissions(t *testing.T) {
 			js, err := jetstream.New(nc)
 			require.NoError(t, err)
 			for _, c := range tc.allowed {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				require.NoError(t, c.do(ctx, js), "%s may %s", tc.user, c.what)
 				cancel()
 			}
@@ -124,7 +124,7 @@ func TestPermissions(t *testing.T) {
 				case v := <-violations:
 					require.ErrorContains(t, v, "Permissions Violation", "%s must not %s", tc.user, c.what)
 					t.Logf("%s may not %s: %v", tc.user, c.what, v)
-				case <-time.After(5 * time.Second):
+				case <-time.After(30 * time.Second):
 					t.Fatalf("%s: %s failed (%v) but the server reported no permissions violation", tc.user, c.what, err)
 				}
 			}
@@ -142,7 +142,7 @@ func TestPermissions(t *testing.T) {
 	select {
 	case err := <-refused:
 		require.ErrorContains(t, err, "Permissions Violation")
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the sender subscribed to Users' inbox unrefused")
 	}
 }

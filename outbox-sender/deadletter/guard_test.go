@@ -127,9 +127,9 @@ func TestRedriveOfALockedRow(t *testing.T) {
 	_, err = tx.Exec(context.Background(), "SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE", locked)
 	require.NoError(t, err)
 
-	start := time.Now()
+	// A redrive that waited for the lock would wait until the cleanup:
+	// apitest.Do would give up after 10s, with no answer at all.
 	res := apitest.Do(t, http.MethodPost, fmt.Sprintf("%s/outbox/%d/redrive", admin, locked), `{"mode":"retry"}`)
-	require.Less(t, time.Since(start), time.Second, "the redrive does not wait for the lock")
 	require.Equal(t, http.StatusConflict, res.Status, "%s", res.Body)
 	require.Equal(t, httpapi.TypeOutboxRowBusy, res.Problem(t).Type)
 	require.Equal(t, "1", res.Header.Get("Retry-After"))

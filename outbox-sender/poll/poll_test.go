@@ -1,9 +1,8 @@
 package poll
 
 import (
-	"context"
-	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -16,47 +15,40 @@ import (
 // more after the one before (or the first since start), is claimed at
 // once; one that comes sooner, or was already waiting when Wait began (it
 // came during the last claim), lingers relay.WakeLinger for company.
-// "At once" is judged by the median of twenty, so that one slow
-// scheduling on a busy machine does not decide; a linger is a lower
-// bound, which no slowness can break.
+//
+// The rule is about intervals of a few milliseconds, which a busy machine
+// stretches at will: a notification meant to come right behind another
+// could come late enough to count as lone. So the test runs on synctest's
+// clock, which moves only when every goroutine of the test waits: each
+// interval below is exactly what it says, however slow the scheduler.
 func TestWhenAClaimLingers(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	wake := make(chan struct{}, 1)
-	table := NewTable(nil, store.Lease{}, time.Hour, wake, nil)
-	// The claim loop's last claim came back short: nothing more is due.
-	settled := relay.Claimed{Asked: 10, Got: 1}
-	// notifiedAfter wakes the feed once Wait has waited for d, and says
-	// how long Wait went on after the notification.
-	notifiedAfter := func(d time.Duration) time.Duration {
-		sent := make(chan time.Time, 1)
-		go func() {
-			time.Sleep(d)
-			sent <- time.Now()
-			wake <- struct{}{}
-		}()
-		require.Equal(t, relay.Unknown, table.Wait(ctx, settled))
-		return time.Since(<-sent)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		wake := make(chan struct{}, 1)
+		table := NewTable(nil, store.Lease{}, time.Hour, wake, nil)
+		// The claim loop's last claim came back short: nothing more is due.
+		settled := relay.Claimed{Asked: 10, Got: 1}
+		// notifiedAfter wakes the feed once Wait has waited for d, and
+		// says how long Wait went on after the notification.
+		notifiedAfter := func(d time.Duration) time.Duration {
+			go func() {
+				time.Sleep(d)
+				wake <- struct{}{}
+			}()
+			start := time.Now()
+			require.Equal(t, relay.Unknown, table.Wait(t.Context(), settled))
+			return time.Since(start) - d
+		}
 
-	var lone []time.Duration
-	lone = append(lone, notifiedAfter(time.Millisecond)) // the first since start
-	for range 19 {
-		table.woken = time.Now().Add(-relay.WakeQuiet)
-		lone = append(lone, notifiedAfter(time.Millisecond))
-	}
-	slices.Sort(lone)
-	require.Less(t, lone[len(lone)/2], relay.WakeLinger, "lone notifications: %v", lone)
+		require.Zero(t, notifiedAfter(time.Millisecond), "the first since start is claimed at once")
+		require.Zero(t, notifiedAfter(relay.WakeQuiet), "so is one WakeQuiet after the one before")
+		require.Equal(t, relay.WakeLinger, notifiedAfter(relay.WakeQuiet-time.Microsecond), "one right behind another lingers")
 
-	// Right behind another: lingers.
-	table.woken = time.Now()
-	require.GreaterOrEqual(t, notifiedAfter(time.Millisecond), relay.WakeLinger)
-
-	// Already waiting when Wait began, however long ago the one before.
-	table.woken = time.Time{}
-	wake <- struct{}{}
-	start := time.Now()
-	require.Equal(t, relay.Unknown, table.Wait(ctx, settled))
-	require.GreaterOrEqual(t, time.Since(start), relay.WakeLinger)
+		// Already waiting when Wait began, however long ago the one before.
+		time.Sleep(time.Hour)
+		wake <- struct{}{}
+		start := time.Now()
+		require.Equal(t, relay.Unknown, table.Wait(t.Context(), settled))
+		require.Equal(t, relay.WakeLinger, time.Since(start), "a notification that came during the last claim lingers")
+	})
 }

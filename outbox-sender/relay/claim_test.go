@@ -76,11 +76,11 @@ func TestClaimLoop(t *testing.T) {
 		select {
 		case r := <-jobs:
 			got = append(got, r.ID)
-		case <-time.After(5 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatalf("only %d rows reached the workers", len(got))
 		}
 	}
-	require.Eventually(t, func() bool { return len(tokens) == 1 }, 5*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return len(tokens) == 1 }, 30*time.Second, time.Millisecond,
 		"7 rows in flight hold 7 of 8 slots; a short or failed claim gives its slots back")
 	cancel()
 	<-done

@@ -53,37 +53,43 @@ func TestDeliversAndLinks(t *testing.T) {
 
 // TestRetriesTransientFailures walks one row through every transient
 // failure before Users finally answers: each is retried, none dead-letters.
+// Each failure is counted, so only the first may meet the request timeout:
+// it never answers, and the others answer at once, however long the
+// timeout. Three seconds is far beyond an answer's time on a loaded
+// machine, and short for a test to wait.
 func TestRetriesTransientFailures(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, migrations.Student)
-	failures := []func(w http.ResponseWriter){
-		func(http.ResponseWriter) { time.Sleep(500 * time.Millisecond) }, // slower than the request timeout
-		func(w http.ResponseWriter) { // Users read the request, then the connection dropped
+	failures := []func(w http.ResponseWriter, r *http.Request){
+		func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }, // no answer before the request timeout
+		func(w http.ResponseWriter, _ *http.Request) { // Users read the request, then the connection dropped
 			if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
 				conn.Close()
 			}
 		},
-		func(w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) },
-		func(w http.ResponseWriter) {
+		func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) },
+		func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Retry-After", "0")
 			w.WriteHeader(http.StatusTooManyRequests)
 		},
-		func(w http.ResponseWriter) { w.WriteHeader(http.StatusRequestTimeout) },
-		func(w http.ResponseWriter) {
+		func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusRequestTimeout) },
+		func(w http.ResponseWriter, _ *http.Request) {
 			writeProblem(w, &httpapi.Problem{Type: httpapi.TypeIdempotencyBusy, Title: "Idempotency key in use", Status: http.StatusConflict})
 		},
-		func(w http.ResponseWriter) { http.NotFound(w, nil) },                // a misrouted URL, not Users' verdict
-		func(w http.ResponseWriter) { w.WriteHeader(http.StatusBadRequest) }, // a 400 that is not Users' problem
+		func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) },                // a misrouted URL, not Users' verdict
+		func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusBadRequest) }, // a 400 that is not Users' problem
 	}
-	users, url := newFakeUsers(t, func(w http.ResponseWriter, _ *http.Request, _ string, n int) bool {
+	users, url := newFakeUsers(t, func(w http.ResponseWriter, r *http.Request, _ string, n int) bool {
 		if n > len(failures) {
 			return false
 		}
-		failures[n-1](w)
+		failures[n-1](w, r)
 		return true
 	})
 	addStudents(t, pool, 1)
-	r := run(t, pool, testConfig(url))
+	cfg := testConfig(url)
+	cfg.RequestTimeout = 3 * time.Second
+	r := run(t, pool, cfg)
 
 	eventually(t, "row delivered after every failure", func() bool {
 		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == 1

@@ -41,11 +41,17 @@ const testToken = "sender-token-0123456789abcdef"
 // outbox routes.
 const adminToken = "operator-token-0123456789abcdef"
 
+// testConfig is a sender that polls and retries quickly. Its request
+// timeout is far beyond what even a loaded machine takes to answer: a
+// request that timed out is rightly sent again (delivery is at least
+// once), and the tests that count attempts or deliveries would read that
+// retry as a failure. A test about timeouts sets a short one of its own.
+// The lease covers the requests of a claim, as config.go requires.
 func testConfig(usersURL string) Config {
 	return Config{
 		UsersURL: usersURL, UsersToken: testToken, ID: "test-sender",
 		BatchSize: 10, Concurrency: 4, PollInterval: 10 * time.Millisecond,
-		Lease: 10 * time.Second, RequestTimeout: 300 * time.Millisecond,
+		Lease: time.Minute, RequestTimeout: 10 * time.Second,
 		MaxAttempts: 10, BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 		MaxAge: time.Hour, DatabaseTimeout: 3 * time.Second,
 		Operators:   []auth.Credential{{Caller: "test-admin", Token: adminToken}},
@@ -211,12 +217,16 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	return apitest.Count(t, pool, sql, args...)
 }
 
+// patience is how long a test waits for something that should happen
+// within moments: long enough for a loaded machine, short of hanging.
+const patience = 30 * time.Second
+
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	require.Eventually(t, cond, 15*time.Second, 10*time.Millisecond, what)
+	require.Eventually(t, cond, patience, 10*time.Millisecond, what)
 }
 
-// deliveredWithin fails the test unless every row is delivered within d.
+// deliveredWithin fails the test unless want rows are delivered within d.
 func deliveredWithin(t *testing.T, pool *pgxpool.Pool, want int, d time.Duration, what string) {
 	t.Helper()
 	require.Eventually(t, func() bool {

@@ -53,10 +53,10 @@ func TestNotificationWakesTheSender(t *testing.T) {
 
 	addStudents(t, pool, 1)
 	notify(t, pool)
-	deliveredWithin(t, pool, 1, 3*time.Second, "a new row is delivered without waiting for the poll")
+	deliveredWithin(t, pool, 1, patience, "a new row is delivered without waiting for the poll")
 	addStudents(t, pool, 3)
 	notify(t, pool)
-	deliveredWithin(t, pool, 4, 3*time.Second, "and so is the next, once the sender slept again")
+	deliveredWithin(t, pool, 4, patience, "and so is the next, once the sender slept again")
 }
 
 // TestListenerReconnects: a listening connection that breaks is replaced,
@@ -73,14 +73,14 @@ func TestListenerReconnects(t *testing.T) {
 	require.NoError(t, err)
 	addStudents(t, pool, 2) // most likely while nobody listens,
 	notify(t, pool)         // so this is lost: the reconnection covers for it
-	deliveredWithin(t, pool, 2, 5*time.Second, "rows committed around the break are delivered")
+	deliveredWithin(t, pool, 2, patience, "rows committed around the break are delivered")
 	eventually(t, "a new listener", func() bool {
 		pid := listenerPID(t, pool)
 		return pid != 0 && pid != first
 	})
 	addStudents(t, pool, 1)
 	notify(t, pool)
-	deliveredWithin(t, pool, 3, 3*time.Second, "the new listener is heard")
+	deliveredWithin(t, pool, 3, patience, "the new listener is heard")
 }
 
 // TestRedriveWakesTheSender: a redriven row is due at once, and the
@@ -99,5 +99,5 @@ func TestRedriveWakesTheSender(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT id FROM outbox").Scan(&id))
 	_, err = deadletter.New(asSender(t, pool), "test", 0).Redrive(context.Background(), id, outbox.RedriveRetry, false)
 	require.NoError(t, err)
-	deliveredWithin(t, pool, 1, 3*time.Second, "the redriven row is delivered without waiting for the poll")
+	deliveredWithin(t, pool, 1, patience, "the redriven row is delivered without waiting for the poll")
 }

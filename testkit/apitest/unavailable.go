@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -23,6 +24,18 @@ func RequireUnavailable(t testing.TB, r Response, internals ...string) Problem {
 		require.NotContains(t, strings.ToLower(string(r.Body)), strings.ToLower(s), "5xx details are never sent")
 	}
 	return p
+}
+
+// RequireUnavailableWithin is RequireUnavailable on the answer to do, which
+// must come within d: a request on a silent database ends by its own
+// deadline, not by a longer limit behind it. d is that longer limit, far
+// beyond the deadline, so that a loaded machine does not cross it.
+func RequireUnavailableWithin(t testing.TB, d time.Duration, do func() Response, internals ...string) Problem {
+	t.Helper()
+	started := time.Now()
+	r := do()
+	require.Less(t, time.Since(started), d, "the request ends by its deadline")
+	return RequireUnavailable(t, r, internals...)
 }
 
 // Logs is an io.Writer for a test's logger that may be read while the

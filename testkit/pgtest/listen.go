@@ -29,17 +29,31 @@ func Listen(t testing.TB, dbURL, role, channel string) *Listener {
 	return &Listener{conn: conn}
 }
 
-// Count returns how many notifications arrive until quiet passes with
-// none.
+// Count waits for a first notification, as long as a loaded machine may
+// take to deliver one (30s), then counts it and those that follow until
+// quiet passes with none. It is 0 only when none came in that time.
 func (l *Listener) Count(quiet time.Duration) int {
-	n := 0
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), quiet)
-		_, err := l.conn.WaitForNotification(ctx)
-		cancel()
-		if err != nil {
-			return n
-		}
+	if !l.next(30 * time.Second) {
+		return 0
+	}
+	n := 1
+	for l.next(quiet) {
 		n++
 	}
+	return n
+}
+
+// Quiet says whether no notification arrives within d. A short d can
+// only miss a notification that comes late, never see one that did not
+// come.
+func (l *Listener) Quiet(d time.Duration) bool {
+	return !l.next(d)
+}
+
+// next says whether a notification arrives within d.
+func (l *Listener) next(d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	_, err := l.conn.WaitForNotification(ctx)
+	return err == nil
 }

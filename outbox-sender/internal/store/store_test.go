@@ -65,7 +65,7 @@ func TestClaimSkipsTheFlushWait(t *testing.T) {
 
 	// And the claim itself runs that way, returning its rows.
 	pgtest.AddStudents(t, pool, 2)
-	rows, err := New(sender, time.Second).ClaimDue(ctx, lease, 10)
+	rows, err := New(sender, 10*time.Second).ClaimDue(ctx, lease, 10)
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
 	require.Equal(t, 2, count(t, pool, "SELECT count(*) FROM outbox WHERE claimed_by = 'test-sender' AND attempts = 1"))

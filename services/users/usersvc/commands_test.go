@@ -33,7 +33,7 @@ type brokerEnv struct {
 }
 
 // wait bounds every wait of these tests.
-const wait = 20 * time.Second
+const wait = 30 * time.Second
 
 // newBrokerEnv starts Users' broker side; tweak, when not nil, changes it
 // before it starts.
@@ -292,8 +292,11 @@ func problemType(t *testing.T, b []byte) string {
 // answered meanwhile.
 func TestUnreadableCommandIsParked(t *testing.T) {
 	t.Parallel()
+	// Parking each unreadable command takes two of these delays: long
+	// enough that the good command, on a loaded machine, is answered
+	// first.
 	e := newBrokerEnv(t, Config{CommandMaxDeliveries: 3}, func(b *broker) {
-		b.commands.unreadableDelay = 300 * time.Millisecond
+		b.commands.unreadableDelay = 2 * time.Second
 	})
 	e.publish(t, "", ada)
 	e.publish(t, uuid.NewString(), "{not json")
@@ -416,16 +419,18 @@ func TestCommandReaderOutlivesReprovisioning(t *testing.T) {
 }
 
 // TestSlowCommandStaysInProgress: a command whose transaction takes longer
-// than the consumer's ack wait (here the users table locked for 3s, ack
-// wait 1s) is said to be in progress, and is not delivered again to
+// than the consumer's ack wait (here the users table locked for 4s, ack
+// wait 2s) is said to be in progress, and is not delivered again to
 // another worker meanwhile: one delivery, one user, nothing replayed.
+// Said every 300ms, it may come 1.7s late on a loaded machine before the
+// ack wait runs out.
 func TestSlowCommandStaysInProgress(t *testing.T) {
 	t.Parallel()
 	e := newBrokerEnv(t, Config{}, func(b *broker) { b.commands.progressEvery = 300 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	_, err := e.admin.UpdateConsumer(ctx, natsbus.CommandStream, jetstream.ConsumerConfig{
-		Durable: natsbus.UsersConsumer, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxAckPending: 1000,
+		Durable: natsbus.UsersConsumer, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 2 * time.Second, MaxAckPending: 1000,
 	})
 	require.NoError(t, err)
 
@@ -435,7 +440,7 @@ func TestSlowCommandStaysInProgress(t *testing.T) {
 	_, err = lock.Exec(ctx, "LOCK TABLE users IN EXCLUSIVE MODE")
 	require.NoError(t, err)
 	e.publish(t, uuid.NewString(), ada)
-	time.Sleep(3 * time.Second) // three ack waits
+	time.Sleep(4 * time.Second) // two ack waits
 	require.NoError(t, lock.Rollback(ctx))
 
 	require.Eventually(t, func() bool { return e.outcome(OutcomeCreated) == 1 }, wait, 20*time.Millisecond)

@@ -398,7 +398,7 @@ func TestInboxPurge(t *testing.T) {
 		e.srv.store.Inbox.PurgeLoop(ctx, slog.New(slog.DiscardHandler), 30*time.Minute, time.Hour)
 		return nil
 	})
-	require.Eventually(t, func() bool { return e.count(t, "inbox") == 0 }, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return e.count(t, "inbox") == 0 }, 30*time.Second, 20*time.Millisecond)
 	require.NoError(t, stop())
 }
 

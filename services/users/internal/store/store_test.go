@@ -158,7 +158,10 @@ func TestRelayMarksWhatASlowBrokerAcknowledged(t *testing.T) {
 	ctx := context.Background()
 	dbURL := pgtest.URL(t, migrations.Users)
 	admin := pgtest.Connect(t, dbURL)
-	s := New(pgtest.ConnectAs(t, dbURL, migrations.UsersApp), time.Second, 500*time.Millisecond)
+	// The wait for the broker takes half the transaction's 4s, and
+	// leaves the other half for the marks: far more than they take, on a
+	// loaded machine too.
+	s := New(pgtest.ConnectAs(t, dbURL, migrations.UsersApp), time.Second, 4*time.Second)
 	for range 2 {
 		require.NoError(t, s.RecordReply(ctx, Reply{MessageID: uuid.New(), Subject: "s", Key: uuid.New(),
 			Payload: func(inbox.Outcome) ([]byte, error) { return []byte(`{}`), nil }}, inbox.Outcome{}))
