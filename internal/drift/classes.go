@@ -41,8 +41,9 @@ var explanations = map[Class]string{
 	ClassMislinked: "A student linked to a user other than the one Users stored under its key, or to a user with another document number.",
 	ClassMissingUser: "A student linked to a user id Users does not have: a user deleted by hand, " +
 		"or a Users database restored to before the user was made.",
-	ClassOrphanUser: "A user no student is linked to and no student's key made, and not made under another caller's key: " +
-		"a delivery with a fresh key, a redrive with a new key after a lost answer, or a student deleted by hand.",
+	ClassOrphanUser: "An enabled user no student is linked to and no student's key made, and not made under another caller's key: " +
+		"a delivery with a fresh key, a redrive with a new key after a lost answer, or a student deleted by hand. " +
+		"Disabling it takes it out of use without deleting what names it.",
 	ClassDuplicateDocument: "A document number with more than one enabled user: the incident this pattern exists to prevent.",
 	ClassUnrecordedAnswer: "A key Users answered with a created user that Student never recorded, older than the retry horizon: " +
 		"once Users forgets the key, nothing can link the student to that user.",

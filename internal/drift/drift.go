@@ -209,13 +209,15 @@ func Duplicated(users []User) bool {
 	return enabled > 1
 }
 
-// Orphan says whether a user belongs to nobody: no student is linked to
+// Orphan says whether user u belongs to nobody: no student is linked to
 // it and none carries the key Users created it under (accounted), it was
 // not made under another caller's key (foreign: an operator with curl),
 // and it is not recent, so that its student may simply not have been read
-// yet.
-func Orphan(accounted, foreign, recent bool) bool {
-	return !accounted && !foreign && !recent
+// yet. A disabled user is nobody's on purpose: the system never disables
+// one, and an operator disables an orphan to take it out of use rather
+// than delete it (a key in Users' inbox may still name it).
+func Orphan(u User, accounted, foreign, recent bool) bool {
+	return u.Enabled && !accounted && !foreign && !recent
 }
 
 // Unrecorded says whether Users' answer under a student's key, which

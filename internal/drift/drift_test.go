@@ -159,10 +159,11 @@ func TestUsersAndAnswers(t *testing.T) {
 	require.False(t, Duplicated([]User{a, off}), "a disabled user is not a second one")
 	require.True(t, Duplicated([]User{a, off, b}))
 
-	require.True(t, Orphan(false, false, false))
-	require.False(t, Orphan(true, false, false))
-	require.False(t, Orphan(false, true, false), "another caller's user is theirs")
-	require.False(t, Orphan(false, false, true), "a recent user may belong to a student not read yet")
+	require.True(t, Orphan(a, false, false, false))
+	require.False(t, Orphan(a, true, false, false))
+	require.False(t, Orphan(a, false, true, false), "another caller's user is theirs")
+	require.False(t, Orphan(a, false, false, true), "a recent user may belong to a student not read yet")
+	require.False(t, Orphan(off, false, false, false), "a disabled user was taken out of use on purpose")
 
 	made := Answer{StatusCode: 201, UserID: some(a.ID)}
 	require.True(t, Unrecorded(made, false, 4*time.Hour, 3*time.Hour))

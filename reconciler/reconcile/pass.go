@@ -663,7 +663,7 @@ func (p *pass) orphans(ctx context.Context, ids []uuid.UUID) error {
 		return err
 	}
 	for _, u := range found {
-		if drift.Orphan(accounted[u.ID], foreign[u.ID], false) {
+		if drift.Orphan(drift.User{ID: u.ID, DocumentNumber: u.DocumentNumber, Enabled: u.Enabled}, accounted[u.ID], foreign[u.ID], false) {
 			p.found.add(drift.ClassOrphanUser, u.ID, caseInfo{since: u.CreatedAt, ids: []uuid.UUID{u.ID}})
 		}
 	}

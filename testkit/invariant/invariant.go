@@ -294,7 +294,7 @@ func (r *Report) countUsers(users []UserRow, claimed, foreign, recent map[uuid.U
 		switch {
 		case foreign[u.ID]:
 			r.Foreign++
-		case drift.Orphan(claimed[u.ID], false, recent[u.ID]):
+		case drift.Orphan(u, claimed[u.ID], false, recent[u.ID]):
 			r.Unexpected++
 			r.problem("unexpected user %s: no student is linked to it and no key of a student or of the test stored it", u.ID)
 		}

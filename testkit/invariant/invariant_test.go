@@ -424,16 +424,20 @@ func TestClassifyRunbookPoisonRow(t *testing.T) {
 	}
 	// The same users made under the sender's own keys are no duplicate,
 	// since the operator's is disabled: one enabled user per document is
-	// the rule (drift.Duplicated). But the disabled one is then a user no
-	// student accounts for, and the checker says so.
+	// the rule (drift.Duplicated). Nor is the disabled one unexpected:
+	// disabling is how an operator takes a user out of use (drift.Orphan).
 	w.st.Inbox[0].Caller = sender
 	r := Classify(w.st, Input{Caller: sender})
 	require.Equal(t, Linked, r.ByClass[id])
+	require.Zero(t, r.Unexpected)
+	require.Empty(t, Violations(r, Expect{}))
+	// Enabled again, it is the second user of the student's document, and
+	// a user no student accounts for.
+	w.st.Users[0].Enabled = true
+	r = Classify(w.st, Input{Caller: sender})
+	require.Equal(t, Duplicated, r.ByClass[id])
 	require.Equal(t, 1, r.Unexpected)
 	require.NotEmpty(t, Violations(r, Expect{}))
-	// Enabled again, it is the second user of the student's document.
-	w.st.Users[0].Enabled = true
-	require.Equal(t, Duplicated, Classify(w.st, Input{Caller: sender}).ByClass[id])
 }
 
 // TestClassifyPublished: with the broker transport a row waits in state
