@@ -214,10 +214,7 @@ func TestEachClass(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			w := newWorld(t)
-			var bystanders []linkedStudent
-			for range 3 {
-				bystanders = append(bystanders, w.linked())
-			}
+			bystanders := w.bystanders()
 			example := tt.make(w, bystanders[1])
 			r, code := w.once(tt.env...)
 			require.Equal(t, tt.want, counts(r))

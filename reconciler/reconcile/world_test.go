@@ -129,6 +129,12 @@ func (w *world) linked() linkedStudent {
 	return linkedStudent{id: id, user: user, key: key, doc: doc}
 }
 
+// bystanders are three linked students, for a test to break the middle
+// one of while the others must stay right.
+func (w *world) bystanders() []linkedStudent {
+	return []linkedStudent{w.linked(), w.linked(), w.linked()}
+}
+
 // once runs `reconciler once --json` and returns its report and exit
 // status.
 func (w *world) once(kv ...string) (Report, int) {
