@@ -312,6 +312,10 @@ secrets:
 			`"prometheus": does not scrape outbox-sender-2:8082`,
 			`"prometheus": job "student" scrapes student:8090, which is no Go service's admin listener`,
 		},
+		"prometheus loads the alert rules": {
+			`"prometheus": loads rule file /etc/prometheus/alerts.yml, where nothing is mounted`,
+			`"prometheus": does not load deploy/observability/alerts.yml`,
+		},
 		"grafana is provisioned": {
 			`"grafana": GF_AUTH_ANONYMOUS_ORG_ROLE=Admin lets anyone change the dashboard`,
 			`"grafana": dashboard provider "outboxref" (outboxref.yml) loads /var/lib/grafana/dashboards, where nothing is mounted`,

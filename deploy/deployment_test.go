@@ -57,6 +57,7 @@ var checks = []check{
 	{"observability profile", checkObservabilityProfile},
 	{"traces reach the collector", checkTracing},
 	{"prometheus scrapes the admin ports", checkScrapes},
+	{"prometheus loads the alert rules", checkAlertRules},
 	{"admin ports answer their callers' names", checkAdminHosts},
 	{"grafana is provisioned", checkGrafana},
 	{"sender source follows the host", checkSenderSource},

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -144,6 +145,7 @@ func (d *deployment) checkCollector(service, endpointVar, endpoint string) []str
 
 // scrapeConfig is the part of a Prometheus configuration the checks read.
 type scrapeConfig struct {
+	RuleFiles     []string `yaml:"rule_files"`
 	ScrapeConfigs []struct {
 		JobName       string `yaml:"job_name"`
 		MetricsPath   string `yaml:"metrics_path"`
@@ -244,6 +246,39 @@ func checkScrapes(d *deployment) []string {
 			default:
 				problems = append(problems, fmt.Sprintf("%q: job %q scrapes %s, which is no Go service's admin listener (those are %v)", p.Name, got[target], target, slices.Sorted(maps.Keys(want))))
 			}
+		}
+	}
+	return problems
+}
+
+// alertRulesFile holds the alert rules, with their unit tests beside it
+// (alerts_test.go runs them), relative to the repository's root.
+const alertRulesFile = "deploy/observability/alerts.yml"
+
+// checkAlertRules: every Prometheus loads the alert rules, from a file
+// mounted where its configuration says. A rule file missing from the
+// container makes Prometheus refuse to start; one not listed is loaded by
+// nobody, and its tested alerts would never fire.
+func checkAlertRules(d *deployment) []string {
+	var problems []string
+	want := filepath.Join(d.project.WorkingDir, filepath.FromSlash(alertRulesFile))
+	for _, p := range d.servicesOf(observabilityServices["prometheus"]) {
+		cfg, err := d.scrapeConfigOf(p)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%q: %v", p.Name, err))
+			continue
+		}
+		loaded := false
+		for _, file := range cfg.RuleFiles {
+			switch host := d.hostPath(p, file); {
+			case host == "":
+				problems = append(problems, fmt.Sprintf("%q: loads rule file %s, where nothing is mounted", p.Name, file))
+			case host == want:
+				loaded = true
+			}
+		}
+		if !loaded {
+			problems = append(problems, fmt.Sprintf("%q: does not load %s (rule_files, and a volume mounting it)", p.Name, alertRulesFile))
 		}
 	}
 	return problems
