@@ -87,6 +87,8 @@ func TestDashboardQueries(t *testing.T) {
 		"new dead letters":        `outbox_sender_dead_letters_total`,
 		"replays at Users' inbox": `users_inbox_requests_total{outcome="replayed"}`,
 		"replays at Student":      `student_idempotency_requests_total{outcome="replayed"}`,
+		"drift, by class":         `reconciler_drift`,
+		"the last full pass":      `reconciler_last_pass_timestamp_seconds{kind="full"}`,
 	} {
 		require.True(t, used[sel], "the dashboard shows no %s: no query selects %s (it selects %v)", what, sel, slices.Sorted(maps.Keys(used)))
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/deploy"
+	"github.com/outboxref/outboxref/testkit/apitest"
 )
 
 // TestDashboardMetricsAreExported runs the three real binaries, puts one
@@ -78,11 +79,22 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 	cdc := s.newSenderOf(sourceCDC)
 	s.startProc(cdc)
 	require.True(t, s.eventually(30*time.Second, "the cdc sender streams", func() bool { return s.readingSlot(cdc) }), "%v", s.violations)
+	// The drift panels read a serving reconciler's gauges, which appear
+	// with its first pass.
+	reconcilerAdmin := apitest.FreeAddr(t)
+	reconciler := s.newProc("reconciler", s.bins.reconciler, "http://"+reconcilerAdmin+"/readyz",
+		append(s.reconcilerEnv(), "RECONCILER_ADMIN_ADDR="+reconcilerAdmin)...)
+	reconciler.args = []string{"serve"}
+	s.startProc(reconciler)
+	require.True(t, s.eventually(time.Minute, "the reconciler's first pass ends", func() bool {
+		return len(samples(scrape(t, s.client, reconcilerAdmin))["reconciler_drift"]) > 0
+	}), "%v", s.violations)
 	exported := map[string][]*dto.MetricFamily{
 		"student":             scrape(t, s.client, s.studentAdmin),
 		"users":               scrape(t, s.client, s.usersAdmin),
 		"outbox-sender":       scrape(t, s.client, adminAddrOf(s.senders[0])),
 		"outbox-sender (cdc)": scrape(t, s.client, adminAddrOf(cdc)),
+		"reconciler":          scrape(t, s.client, reconcilerAdmin),
 	}
 	series := map[string]map[string][]map[string]string{} // binary → sample name → each series' labels
 	for bin, families := range exported {

@@ -897,6 +897,17 @@ func (s *scenario) waitLog(p *proc, marker string, timeout time.Duration) bool {
 	return true
 }
 
+// reconcilerEnv is the reconciler's environment on the scenario's two
+// databases, as its own read-only role.
+func (s *scenario) reconcilerEnv() []string {
+	return []string{
+		"RECONCILER_STUDENT_DATABASE_URL=" + asRole(s.t, s.studentURL, migrations.Reconciler),
+		"RECONCILER_STUDENT_DATABASE_PASSWORD_FILE=" + roleSecret(s.t, migrations.Reconciler),
+		"RECONCILER_USERS_DATABASE_URL=" + asRole(s.t, s.usersURL, migrations.Reconciler),
+		"RECONCILER_USERS_DATABASE_PASSWORD_FILE=" + roleSecret(s.t, migrations.Reconciler),
+		"RECONCILER_SENDER_CALLER=" + senderCaller}
+}
+
 // reconcile runs the shipped reconciler once on the scenario's two
 // databases, as its own read-only role, after the checker: the same rules
 // (internal/drift) applied the way an operator would, through the binary,
@@ -908,12 +919,7 @@ func (s *scenario) reconcile() (string, []string) {
 	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, s.bins.reconciler, "once", "--json")
-	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin",
-		"RECONCILER_STUDENT_DATABASE_URL=" + asRole(s.t, s.studentURL, migrations.Reconciler),
-		"RECONCILER_STUDENT_DATABASE_PASSWORD_FILE=" + roleSecret(s.t, migrations.Reconciler),
-		"RECONCILER_USERS_DATABASE_URL=" + asRole(s.t, s.usersURL, migrations.Reconciler),
-		"RECONCILER_USERS_DATABASE_PASSWORD_FILE=" + roleSecret(s.t, migrations.Reconciler),
-		"RECONCILER_SENDER_CALLER=" + senderCaller}
+	cmd.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, s.reconcilerEnv()...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -21,6 +21,7 @@ import (
 type proc struct {
 	name    string
 	bin     string
+	args    []string // the binary's arguments, none for a service
 	env     []string // the service's variables; PATH is added
 	logPath string
 	ready   string // URL that answers 200 once the process is ready
@@ -52,7 +53,7 @@ func (p *proc) start(extra ...string) error {
 	// exec.Command, not CommandContext: nothing may kill a service behind
 	// the scenario's back. The scenario kills what it started, by process
 	// group, and t.Cleanup makes sure it does.
-	cmd := exec.Command(p.bin)
+	cmd := exec.Command(p.bin, p.args...)
 	// A clean environment: a CRASH_POINT or LOG_LEVEL in the developer's
 	// shell must not leak into a scenario.
 	cmd.Env = append(append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, p.env...), extra...)
