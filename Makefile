@@ -14,7 +14,7 @@ PACKAGES := ./... ./lab/... ./deploy/... ./e2e/... ./testkit/... ./model/...
 SQLC := GOWORK=off $(GO) tool -modfile=tools/go.mod sqlc
 LINT  = $(shell GOWORK=off $(GO) tool -modfile=tools/golangci-lint/go.mod -n golangci-lint)
 
-.PHONY: help run test e2e model bench soak lint generate schema check-generated vet fmt-check build ci
+.PHONY: help run test e2e model bench bench-reconciler soak lint generate schema check-generated vet fmt-check build ci
 
 ## help: list the commands
 help:
@@ -45,6 +45,10 @@ model:
 ## bench: the real binaries with shipped defaults against the database-only bound: intake, burndown, latency, idle CPU, for both sources of new rows (about 10 min)
 bench:
 	$(GO) run ./testkit/bench $(BENCH_FLAGS)
+
+## bench-reconciler: the reconciler's full and incremental pass over 1,000,000 linked students: time, CPU, rows read, the longest statement, and Student's writes beside it (about 10 min)
+bench-reconciler:
+	$(GO) run ./testkit/bench -reconciler $(BENCH_FLAGS)
 
 ## soak: 1,000,000 students through the whole system: memory flat, outbox and inbox bounded by retention (about 35 min)
 soak:

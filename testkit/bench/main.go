@@ -121,10 +121,14 @@ type options struct {
 	baselineEnv      string
 
 	soak       bool
-	students   int
-	rate       float64
-	sample     time.Duration
-	soakWarmup time.Duration
+	reconciler bool
+	// reconcileNew is how many students arrive between the reconciler's
+	// full pass and the incremental one measured.
+	reconcileNew int
+	students     int
+	rate         float64
+	sample       time.Duration
+	soakWarmup   time.Duration
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, out io.Writer) (err error) {
@@ -148,7 +152,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	fs.StringVar(&o.baselineEnv, "baseline-env", "", "with -baseline: more variables for the baseline's processes, as -env gives this checkout's (the same setting on both sides measures a change under it)")
 	fs.StringVar(&o.env, "env", "", "with -baseline: more variables for this checkout's processes, as NAME=VALUE,NAME=VALUE (a setting measured against the baseline's defaults)")
 	fs.BoolVar(&o.soak, "soak", false, "run the soak instead: -students through the whole system at -rate")
-	fs.IntVar(&o.students, "students", 1_000_000, "soak: students to send")
+	fs.BoolVar(&o.reconciler, "reconciler", false, "measure the reconciler instead: a full and an incremental pass over -students linked students")
+	fs.IntVar(&o.reconcileNew, "reconcile-new", 1000, "reconciler: students made between the full pass and the incremental one measured")
+	fs.IntVar(&o.students, "students", 1_000_000, "soak: students to send; reconciler: students in the databases")
 	fs.Float64Var(&o.rate, "rate", 500, "soak: students per second, a rate the system sustains")
 	fs.DurationVar(&o.sample, "sample", 10*time.Second, "soak: how often memory and table sizes are sampled")
 	fs.DurationVar(&o.soakWarmup, "soak-warmup", 2*time.Minute, "soak: memory at the first sample after this is the baseline")
@@ -178,6 +184,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 	}
 	if o.baseline != "" && o.soak {
 		return errors.New("-baseline compares the bench's measures, not the soak: use one or the other")
+	}
+	if o.reconciler && (o.soak || o.baseline != "") {
+		return errors.New("-reconciler measures the reconciler alone: leave out -soak and -baseline")
+	}
+	if o.reconcileNew < 1 {
+		return errors.New("-reconcile-new: at least 1")
 	}
 	if (o.env != "" || o.baselineEnv != "") && o.baseline == "" {
 		return errors.New("-env and -baseline-env set variables beside a baseline: give -baseline too")
@@ -284,7 +296,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		}
 	}
 	b.bins = dir
+	if o.reconciler {
+		if err := buildReconciler(ctx, root, dir); err != nil {
+			return err
+		}
+	}
 	switch {
+	case o.reconciler:
+		err = b.reconcilerMeasure(ctx, o)
 	case o.soak:
 		err = b.soak(ctx, o)
 	case o.baseline != "":

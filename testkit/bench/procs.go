@@ -444,11 +444,17 @@ func serverSleeps(before, after map[int]serverProc) (total int64, byRole map[str
 // serverRole is what a server process is, by its title (roleOfTitle);
 // "?" when it cannot be read.
 func serverRole(pid int) string {
+	return roleOfTitle(procTitle(pid))
+}
+
+// procTitle is a process's command line, which a PostgreSQL process sets
+// to its title; "" when it cannot be read.
+func procTitle(pid int) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {
-		return "?"
+		return ""
 	}
-	return roleOfTitle(strings.TrimRight(string(b), "\x00"))
+	return strings.TrimRight(string(b), "\x00")
 }
 
 // roleOfTitle is what a PostgreSQL process's title says it is: "postgres:

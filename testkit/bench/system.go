@@ -167,11 +167,13 @@ func (b *bench) migrate(ctx context.Context, bin, name string, n int) error {
 			"STUDENT_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.StudentApp],
 			"SENDER_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.OutboxSender],
 			"SENDER_CDC_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.OutboxCDC],
+			"RECONCILER_STUDENT_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.Reconciler],
 		}
 	case usersBin:
 		env = []string{
 			"USERS_MIGRATE_DATABASE_URL=" + b.dbURL(name, "", ""),
 			"USERS_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.UsersApp],
+			"RECONCILER_USERS_DATABASE_PASSWORD=" + pgtest.Passwords[migrations.Reconciler],
 		}
 	}
 	logPath := filepath.Join(b.dir, fmt.Sprintf("%s-migrate-%d.log", bin, n))
