@@ -199,7 +199,7 @@ var headingLine = regexp.MustCompile("(?m)^#{2,4} `?([A-Za-z-]+)`?\\s*$")
 // observability page's alert table names exactly the file's alerts.
 func TestAlertRulesSendOperatorsSomewhere(t *testing.T) {
 	t.Parallel()
-	runbook, err := os.ReadFile(filepath.Join(repoRoot, "docs/runbook.md"))
+	runbook, err := os.ReadFile(filepath.Join(repoRoot, "docs", "runbook.md"))
 	require.NoError(t, err)
 	anchors := map[string]bool{}
 	for _, m := range headingLine.FindAllStringSubmatch(string(runbook), -1) {

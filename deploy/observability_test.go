@@ -270,10 +270,10 @@ func checkAlertRules(d *deployment) []string {
 		}
 		loaded := false
 		for _, file := range cfg.RuleFiles {
-			switch host := d.hostPath(p, file); {
-			case host == "":
+			switch d.hostPath(p, file) {
+			case "":
 				problems = append(problems, fmt.Sprintf("%q: loads rule file %s, where nothing is mounted", p.Name, file))
-			case host == want:
+			case want:
 				loaded = true
 			}
 		}

@@ -244,7 +244,7 @@ func Numbered(steps []string) string {
 // out of its time (TestModel took 500s and was killed beside two busy
 // loops). A search takes its fair share like any test.
 func run(ctx context.Context, dir, name string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, name, args...) //nolint:gosec // the tools and their arguments are this package's own
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -608,7 +608,10 @@ func (b *bench) startWriter(ctx context.Context, d *databases) (*writer, error) 
 		defer tick.Stop()
 		for n := int64(1); ctx.Err() == nil; n++ {
 			p := newStudent(n)
-			payload, _ := json.Marshal(p)
+			payload, err := json.Marshal(p)
+			if err != nil {
+				return
+			}
 			args, err := insert.args(map[string]any{
 				"id": uuid.Must(uuid.NewV7()), "name": p.Name, "email": p.Email, "document_number": "writer-" + strconv.FormatInt(n, 10),
 				"created_at": time.Now().UTC(), "idempotency_key": uuid.New(), "operation": "create-user", "payload": payload, "trace_parent": "",
