@@ -241,7 +241,18 @@ func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", level)
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l, ReplaceAttr: durationText})), nil
+}
+
+// durationText writes every duration as Go writes one ("1.5s", "72h0m0s"),
+// as the start-up lines and the configuration do: slog's JSON handler
+// would write a number of nanoseconds, which a person reading the log
+// must divide out, and which reads as seconds to anyone who does not.
+func durationText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // Healthcheck is the "healthcheck" subcommand, for a binary that does not

@@ -3,6 +3,7 @@ package service
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"runtime"
@@ -101,4 +102,22 @@ func TestCheckProcs(t *testing.T) {
 		require.ErrorContains(t, err, `GOMAXPROCS="`+bad+`": want a whole number of cores, 1 or more`)
 		require.NotContains(t, e.Names(), "GOMAXPROCS", "Go's variable, not one of the binary's")
 	}
+}
+
+// TestLogWritesDurationsAsText: a duration in a log line reads as Go
+// writes one, at any depth of the line, never as a count of nanoseconds
+// (Users' "late_by" once read 1500000000).
+func TestLogWritesDurationsAsText(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	log, err := NewLogger(&b, "info")
+	require.NoError(t, err)
+	log.With(slog.Duration("retention", 72*time.Hour)).Info("x",
+		slog.Duration("late_by", 1500*time.Millisecond), slog.Group("g", slog.Duration("delay", 2*time.Second)), slog.Int("n", 3))
+	var line map[string]any
+	require.NoError(t, json.Unmarshal(b.Bytes(), &line), b.String())
+	require.Equal(t, "1.5s", line["late_by"])
+	require.Equal(t, "72h0m0s", line["retention"])
+	require.Equal(t, map[string]any{"delay": "2s"}, line["g"])
+	require.InDelta(t, 3, line["n"], 0, "other values keep their kind")
 }
