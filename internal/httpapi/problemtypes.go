@@ -98,7 +98,7 @@ var problemTypes = []ProblemType{
 	},
 	{
 		URI: TypeOutboxRowNotDead, Title: "Outbox row is not dead", Status: http.StatusConflict,
-		About:  "Only a dead-lettered outbox row can be redriven; this one is pending or delivered.",
+		About:  "Only a dead-lettered outbox row can be redriven; this one is pending, published (its command waits in the broker) or delivered.",
 		Action: "Nothing to do: the sender is still working on the row, or already delivered it.",
 	},
 	{

@@ -97,7 +97,7 @@ func parseFilter(raw string) (Filter, error) {
 	var errs []httpapi.FieldError
 	bad := func(field, detail string) { errs = append(errs, httpapi.FieldError{Field: field, Detail: detail}) }
 	if !slices.Contains(outbox.States, f.State) {
-		bad("state", "required: pending, delivered or dead")
+		bad("state", "required: one of "+strings.Join(outbox.States, ", "))
 	}
 	if f.ReasonClass != "" && !slices.Contains(outbox.ReasonClasses, f.ReasonClass) {
 		bad("reason_class", "want one of "+strings.Join(outbox.ReasonClasses, ", "))

@@ -1,18 +1,22 @@
 package deadletter
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"encoding/json"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/httpapi"
+	"github.com/outboxref/outboxref/internal/outbox"
 	"github.com/outboxref/outboxref/testkit/apitest"
 	"github.com/outboxref/outboxref/testkit/pgtest"
 )
@@ -83,4 +87,31 @@ func TestRunbookBulkAnswerIsTrue(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, example, string(again), "every field the answer writes is in the example")
 	require.Equal(t, len(b.IDs), b.Matched)
+}
+
+// TestEveryStateIsNamed: wherever an operator learns which states a list
+// takes, every state of the outbox is named, published too: it is where
+// every row waits while Users is down behind the broker, and a list of
+// them is the first thing an operator asks for then.
+func TestEveryStateIsNamed(t *testing.T) {
+	t.Parallel()
+	_, err := parseFilter("state=waiting")
+	p, ok := errors.AsType[*httpapi.Problem](err)
+	require.True(t, ok, "%v", err)
+	require.Len(t, p.Errors, 1)
+	var usage bytes.Buffer
+	dead := Command(time.Second, DefaultMaxRedrives, DefaultKeyWindow)
+	require.NoError(t, dead(context.Background(), nil, []string{"list", "--help"}, &usage))
+	page, err := os.ReadFile("../../docs/runbook.md")
+	require.NoError(t, err)
+	_, row, ok := strings.Cut(string(page), "\n| `GET /outbox?state=")
+	require.True(t, ok, "the runbook's admin API table has its GET /outbox row")
+	row, _, _ = strings.Cut(row, "\n")
+	for _, state := range outbox.States {
+		require.Contains(t, p.Errors[0].Detail, state, "the 400 for a bad state")
+		require.Contains(t, usage.String(), state, "dead list's usage")
+		require.Regexp(t, `\b`+state+`\b`, row, "the runbook's GET /outbox row")
+	}
+	_, err = parseFilter("state=" + outbox.StatePublished)
+	require.NoError(t, err)
 }

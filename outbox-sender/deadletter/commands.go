@@ -31,7 +31,7 @@ import (
 // for a person inside `docker compose exec outbox-sender`, working on the
 // database directly, so they work while no sender runs.
 const deadUsage = `usage:
-  outbox-sender dead list [--state dead|pending|delivered] [--reason-class C] [--since T] [--until T] [--limit N] [--cursor C]
+  outbox-sender dead list [--state dead|pending|published|delivered] [--reason-class C] [--since T] [--until T] [--limit N] [--cursor C]
   outbox-sender dead show ID
   outbox-sender dead redrive ID --mode retry|new-operation [--force]
   outbox-sender dead redrive-all --mode retry|new-operation [--reason-class C] [--since T] [--until T] [--max N] [--dry-run] [--force]
@@ -216,7 +216,7 @@ func (o *Operator) listCommand(ctx context.Context, args []string, stdout io.Wri
 	fs := newFlags("dead list")
 	q := url.Values{}
 	for _, f := range []struct{ flag, param, def, usage string }{
-		{"state", "state", "dead", "dead, pending or delivered"},
+		{"state", "state", "dead", "the rows in this state: " + strings.Join(outbox.States, ", ")},
 		{"reason-class", "reason_class", "", "only rows of this reason class"},
 		{"since", "since", "", "state reached at or after this time"},
 		{"until", "until", "", "state reached before this time"},

@@ -174,7 +174,7 @@ func rowOf(e store.Entry) Row {
 
 // Filter selects rows to list, newest first.
 type Filter struct {
-	State       string    // pending, delivered or dead
+	State       string    // one of outbox.States
 	ReasonClass string    // "" for any
 	Since       time.Time // the state's time (dead_at, delivered_at, created_at) at or after
 	Until       time.Time // and before

@@ -42,7 +42,7 @@ type Student struct {
 	DocumentNumber string
 	UserID         uuid.NullUUID // recorded by the outbox sender once Users answered
 	CreatedAt      time.Time
-	// The create-user outbox row: state is pending, delivered or dead.
+	// The create-user outbox row: its state is one of outbox.States.
 	OutboxState string
 	Attempts    int
 	// ReasonClass is the sender's word for why the last attempt failed or
