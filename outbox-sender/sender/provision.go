@@ -11,17 +11,34 @@ import (
 	"github.com/outboxref/outboxref/internal/natsbus"
 )
 
-// provisionTimeout bounds "provision-broker": a cluster that has just
-// started elects its JetStream leader within seconds.
-const provisionTimeout = 2 * time.Minute
+const (
+	// provisionTimeout bounds "provision-broker": a cluster that has just
+	// started elects its JetStream leader within seconds.
+	provisionTimeout = 2 * time.Minute
+	// provisionTry bounds one try at all four requests (two streams, two
+	// consumers). The broker answers each in milliseconds, or in seconds
+	// while a cluster elects a leader; an answer can also be lost (the
+	// connection dropped under the request, a node died holding it), and
+	// the request then waits for nothing. Bounded, the try gives up and
+	// the next one asks again.
+	provisionTry = 10 * time.Second
+)
 
 // provisionBroker creates or updates the broker's streams and durable
 // consumers (natsbus.Provision) as the broker's admin, and returns once
 // they exist: the one-shot job a deployment runs before the sender and
-// Users, neither of which may create them. While the broker (or its
-// cluster's JetStream leader) is not there yet, it tries again.
+// Users, neither of which may create them. Compose runs it once, so it
+// tries until provisionTimeout is spent.
 func provisionBroker(ctx context.Context, cfg Config, stdout io.Writer) error {
-	ctx, cancel := context.WithTimeout(ctx, provisionTimeout)
+	return provision(ctx, cfg, stdout, provisionTimeout, provisionTry)
+}
+
+// provision tries, each try bounded by try, until the streams and
+// consumers exist or budget is spent. Every request is a create-or-update,
+// so a try that did part of the work (or all of it, its answers lost)
+// is simply made again.
+func provision(ctx context.Context, cfg Config, stdout io.Writer, budget, try time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	nc, err := natsbus.Connect(natsbus.Config{URL: cfg.NATSURL, User: cfg.NATSAdminUser, Password: cfg.NATSAdminPassword, Name: "outbox-sender provision-broker"})
 	if err != nil {
@@ -35,16 +52,19 @@ func provisionBroker(ctx context.Context, cfg Config, stdout io.Writer) error {
 	streams := natsbus.DefaultStreams
 	streams.Replicas = cfg.NATSReplicas
 	streams.MaxBytes = int64(cfg.NATSStreamMaxBytes)
-	for {
-		err := natsbus.Provision(ctx, js, streams)
+	for n := 1; ; n++ {
+		tctx, cancelTry := context.WithTimeout(ctx, try)
+		err := natsbus.Provision(tctx, js, streams)
+		cancelTry()
 		if err == nil {
 			fmt.Fprintf(stdout, "provisioned streams %s and %s (%d replicas, %d bytes each at most) with consumers %s and %s at %s\n",
 				natsbus.CommandStream, natsbus.ReplyStream, streams.Replicas, streams.MaxBytes, natsbus.UsersConsumer, natsbus.SenderConsumer, natsbus.Redacted(cfg.NATSURL))
 			return nil
 		}
+		fmt.Fprintf(stdout, "provision-broker: try %d failed, trying again: %v\n", n, err)
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("provision-broker: gave up after %s: %w", provisionTimeout, err)
+			return fmt.Errorf("provision-broker: gave up after %s and %d tries: %w", budget, n, err)
 		case <-time.After(time.Second):
 		}
 	}
