@@ -110,7 +110,7 @@ func (l *lockWatch) sample(ctx context.Context, b *bench) {
 	}
 	l.err = b.withServer(ctx, func(conn *pgx.Conn) error {
 		rows, err := conn.Query(ctx, `
-			SELECT l.mode, l.granted, a.usename = $1
+			SELECT l.mode, l.granted, COALESCE(a.usename = $1, false)
 			FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 			WHERE l.locktype = 'relation' OR NOT l.granted`, migrations.Reconciler)
 		if err != nil {
