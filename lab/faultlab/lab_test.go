@@ -317,7 +317,7 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 	for _, h := range st.Hops {
 		hops = append(hops, h.Name+" "+h.Detail)
 	}
-	require.Equal(t, []string{"student ready", "outbox 2 pending, 1 dead", "sender ready", "lab passing everything through", "users not answering"}, hops)
+	require.Equal(t, []string{"student ready", "outbox 2 in flight, 1 dead", "sender ready", "lab passing everything through", "users not answering"}, hops)
 	require.Equal(t, []string{"Users is not answering"}, st.Errors)
 
 	res = apitest.Do(t, http.MethodGet, page+"/api/dead-letters", "")
@@ -332,6 +332,23 @@ func TestStateCountsAndDeadLetters(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.Status, "%s", res.Body)
 	require.Contains(t, string(res.Body), `"mode":"retry"`)
 	require.Equal(t, 3, apitest.Count(t, studentPool, `SELECT count(*) FROM outbox WHERE state = 'pending'`))
+
+	// With the broker, a row waits as published while Users' answer is
+	// awaited: in flight, neither lost nor out of the outbox's counts.
+	_, err = studentPool.Exec(context.Background(), `UPDATE outbox SET state = 'published', published_at = now(), published_seq = 1
+		WHERE id = (SELECT max(id) FROM outbox)`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { st = state(t, page); return st.Counts.Outbox.Published == 1 }, 30*time.Second, 100*time.Millisecond)
+	require.Equal(t, OutboxCounts{Pending: 3, Published: 1}, st.Counts.Outbox)
+	require.Equal(t, 3, st.Counts.Students.Pending)
+	for _, c := range st.Checker {
+		require.Zero(t, c.Count, "a published row is no %s", c.Name)
+	}
+	for _, h := range st.Hops {
+		if h.Name == "outbox" {
+			require.Equal(t, "3 in flight (1 published, awaiting Users), 0 dead", h.Detail)
+		}
+	}
 	// The sender's own refusal is passed on as it came.
 	res = post(t, page+"/api/dead-letters/999999/redrive", `{}`)
 	require.Equal(t, http.StatusNotFound, res.Status, "%s", res.Body)

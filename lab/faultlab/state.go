@@ -76,10 +76,14 @@ type StudentCounts struct {
 	Failed  int `json:"failed"`
 }
 
-// OutboxCounts are the create-user outbox rows by state; pending counts
-// every row on its way (drift.InFlight), published ones too.
+// OutboxCounts are the create-user outbox rows by state. Pending counts
+// every row on its way (drift.InFlight), the page's "in flight": those
+// waiting to be sent, and with the broker transport those whose command
+// the broker holds while Users' answer is awaited, which Published counts
+// again apart.
 type OutboxCounts struct {
 	Pending   int `json:"pending"`
+	Published int `json:"published"`
 	Delivered int `json:"delivered"`
 	Dead      int `json:"dead"`
 }
@@ -164,7 +168,10 @@ func (o *Observer) read(ctx context.Context) State {
 
 	outbox := Hop{Name: "outbox", Label: "outbox", OK: err == nil, Detail: "unreadable"}
 	if err == nil {
-		outbox.Detail = fmt.Sprintf("%d pending, %d dead", st.Counts.Outbox.Pending, st.Counts.Outbox.Dead)
+		outbox.Detail = fmt.Sprintf("%d in flight, %d dead", st.Counts.Outbox.Pending, st.Counts.Outbox.Dead)
+		if p := st.Counts.Outbox.Published; p > 0 {
+			outbox.Detail = fmt.Sprintf("%d in flight (%d published, awaiting Users), %d dead", st.Counts.Outbox.Pending, p, st.Counts.Outbox.Dead)
+		}
 	}
 	st.Hops = []Hop{ready["student"], outbox, ready["sender"], {}, ready["users"]} // State fills in the lab
 	for _, h := range st.Hops {
@@ -190,6 +197,9 @@ func count(rows invariant.State, rep invariant.Report) Counts {
 		case drift.InFlight(o.State):
 			// Pending or, with the broker transport, published: on its way.
 			c.Outbox.Pending++
+			if o.State == outbox.StatePublished {
+				c.Outbox.Published++
+			}
 		case o.State == outbox.StateDelivered:
 			c.Outbox.Delivered++
 		case o.State == outbox.StateDead:
