@@ -132,6 +132,10 @@ var roleCases = []roleCase{
 			`DELETE FROM outbox_events`,
 			`DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE state = 'delivered' FOR UPDATE SKIP LOCKED)`,
 			`SELECT o.*, s.name, s.user_id FROM outbox o JOIN students s ON s.id = o.student_id`,
+			// The broker's parked replies, and SENDER_PARKED_RETENTION's purge.
+			`INSERT INTO parked_replies (stream, stream_sequence, subject, headers, data, size, reason, deliveries)
+				VALUES ('S', 1, 's', '{}', '\x00', 1, 'r', 5) ON CONFLICT DO NOTHING`,
+			`DELETE FROM parked_replies WHERE parked_at < now() - interval '30 days'`,
 			wake, // after a redrive
 		},
 		denied: append([]string{
@@ -151,6 +155,7 @@ var roleCases = []roleCase{
 			// Client keys are Student's.
 			`SELECT * FROM inbox`,
 			`DELETE FROM inbox`,
+			`UPDATE parked_replies SET reason = 'x'`,
 			`SET ROLE student_owner`,
 		}, ddl...),
 	},
@@ -215,8 +220,10 @@ var roleCases = []roleCase{
 			`SELECT id FROM answers WHERE published_at IS NULL ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED`,
 			`UPDATE answers SET published_at = now() WHERE id = ANY('{1}'::bigint[])`,
 			`DELETE FROM answers WHERE published_at < now() - interval '7 days'`,
-			`INSERT INTO parked_commands (stream, stream_sequence, subject, headers, data, reason, deliveries)
-				VALUES ('S', 1, 's', '{}', '\x00', 'r', 5) ON CONFLICT DO NOTHING`,
+			`INSERT INTO parked_commands (stream, stream_sequence, subject, headers, data, size, reason, deliveries)
+				VALUES ('S', 1, 's', '{}', '\x00', 1, 'r', 5) ON CONFLICT DO NOTHING`,
+			// USERS_PARKED_RETENTION's purge.
+			`DELETE FROM parked_commands WHERE parked_at < now() - interval '30 days'`,
 		},
 		denied: append([]string{
 			// Disabling a user is an operator's job.
@@ -225,8 +232,8 @@ var roleCases = []roleCase{
 			`UPDATE inbox SET request_hash = '\x01'`,
 			// An answer, once written, is what was answered.
 			`UPDATE answers SET payload = '{}'`,
-			// Parked commands are the operator's to clear.
-			`DELETE FROM parked_commands`,
+			// A parked command is kept as it came, until its retention.
+			`UPDATE parked_commands SET reason = 'x'`,
 			`SET ROLE users_owner`,
 			wake,
 		}, ddl...),

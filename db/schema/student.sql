@@ -57,9 +57,11 @@ CREATE TABLE public.outbox (
     key_minted_at timestamp with time zone DEFAULT now() NOT NULL,
     published_at timestamp with time zone,
     published_seq bigint,
+    publishes integer DEFAULT 0 NOT NULL,
     CONSTRAINT outbox_attempts_before_redrive_check CHECK ((attempts_before_redrive >= 0)),
     CONSTRAINT outbox_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT outbox_operation_check CHECK ((operation = 'create-user'::text)),
+    CONSTRAINT outbox_publishes_check CHECK ((publishes >= 0)),
     CONSTRAINT outbox_redrives_check CHECK ((redrives >= 0)),
     CONSTRAINT outbox_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'published'::text, 'delivered'::text, 'dead'::text])))
 );
@@ -120,7 +122,8 @@ CREATE TABLE public.parked_replies (
     data bytea NOT NULL,
     reason text NOT NULL,
     deliveries integer NOT NULL,
-    parked_at timestamp with time zone DEFAULT now() NOT NULL
+    parked_at timestamp with time zone DEFAULT now() NOT NULL,
+    size integer NOT NULL
 );
 
 --
@@ -233,6 +236,12 @@ CREATE INDEX outbox_state_at_idx ON public.outbox USING btree (state, state_at D
 --
 
 CREATE UNIQUE INDEX outbox_student_operation_key ON public.outbox USING btree (student_id, operation);
+
+--
+-- Name: parked_replies_parked_at_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX parked_replies_parked_at_idx ON public.parked_replies USING btree (parked_at);
 
 --
 -- Name: reply_inbox_received_idx; Type: INDEX; Schema: public; Owner: -

@@ -67,7 +67,8 @@ CREATE TABLE public.parked_commands (
     data bytea NOT NULL,
     reason text NOT NULL,
     deliveries integer NOT NULL,
-    parked_at timestamp with time zone DEFAULT now() NOT NULL
+    parked_at timestamp with time zone DEFAULT now() NOT NULL,
+    size integer NOT NULL
 );
 
 --
@@ -135,6 +136,12 @@ CREATE INDEX answers_unpublished_idx ON public.answers USING btree (id) WHERE (p
 --
 
 CREATE INDEX inbox_created_at_idx ON public.inbox USING btree (created_at);
+
+--
+-- Name: parked_commands_parked_at_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX parked_commands_parked_at_idx ON public.parked_commands USING btree (parked_at);
 
 --
 -- Name: users_one_enabled_per_document; Type: INDEX; Schema: public; Owner: -

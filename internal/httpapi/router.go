@@ -112,12 +112,35 @@ func healthz(w http.ResponseWriter, _ *http.Request) error {
 // at warn level at most once a minute, with the number of failed probes:
 // an orchestrator probes every few seconds, and while the database is down
 // each probe fails alike.
+// NotReadyError is a readiness probe's failure that names what is not ready,
+// other than the database: /readyz says which, in a fixed sentence. Any
+// other error from the probe is the database's.
+type NotReadyError struct {
+	Dependency string // the key in the 503's dependencies: "broker"
+	Says       string // what is wrong, fixed text (no error's details)
+	Err        error
+}
+
+func (e *NotReadyError) Error() string { return e.Dependency + ": " + e.Says + ": " + e.Err.Error() }
+func (e *NotReadyError) Unwrap() error { return e.Err }
+
 func readyz(log *slog.Logger, ping func(context.Context) error) HandlerFunc {
 	var paced alarm.Alarm
 	return func(w http.ResponseWriter, r *http.Request) error {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := ping(ctx); err != nil {
+		err := ping(ctx)
+		if nr, ok := errors.AsType[*NotReadyError](err); ok {
+			if n, ok := paced.Ring(time.Now(), time.Minute); ok {
+				log.LogAttrs(r.Context(), slog.LevelWarn, "not ready: "+nr.Dependency+": "+nr.Says,
+					slog.Int("failed_probes", n), slog.String("error", nr.Err.Error()))
+			}
+			p := Unavailable(nr.Dependency+": "+nr.Says, err)
+			p.Dependencies = map[string]string{nr.Dependency: "down"}
+			p.Logged = true
+			return p
+		}
+		if err != nil {
 			if n, ok := paced.Ring(time.Now(), time.Minute); ok {
 				log.LogAttrs(r.Context(), slog.LevelWarn, "not ready: the database is not reachable",
 					slog.Int("failed_probes", n), slog.String("error", err.Error()))

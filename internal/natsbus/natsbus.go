@@ -5,12 +5,13 @@
 // broker, and the provisioning that creates the streams and consumers.
 //
 // The broker carries the same operation as the HTTP hop, with the same
-// key discipline: a command carries the outbox row's idempotency key, both
-// as Nats-Msg-Id (JetStream drops a repeat within its de-duplication
-// window) and as Idempotency-Key (Users' inbox, which remembers the key
-// for USERS_INBOX_RETENTION, decides). The window is a first filter only:
-// it is finite, and a consumer can fail after its commit and before its
-// ack, and so get the same message again long after any window.
+// key discipline: a command carries the outbox row's idempotency key as
+// Idempotency-Key (Users' inbox, which remembers the key for
+// USERS_INBOX_RETENTION, decides), and a message id of its publish as
+// Nats-Msg-Id (JetStream drops a copy within its de-duplication window).
+// The window is a first filter only: it is finite, and a consumer can
+// fail after its commit and before its ack, and so get the same message
+// again long after any window.
 package natsbus
 
 import (
@@ -18,7 +19,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -141,27 +144,9 @@ type Config struct {
 	User     string      // the process's NATS user
 	Password auth.Secret // its password
 	Name     string      // the connection's name, seen in the server's monitoring
-}
-
-// Connect connects to the broker and keeps reconnecting for ever: while the
-// broker is unreachable a publish or a fetch fails, and the caller's rows
-// or messages wait where they are (the outbox, the stream) until it is
-// back. The first connection is tried in the background too, so that a
-// process can start while the broker is down.
-func Connect(cfg Config) (*nats.Conn, error) {
-	nc, err := nats.Connect(cfg.URL,
-		nats.Name(cfg.Name),
-		nats.UserInfo(cfg.User, string(cfg.Password)),
-		nats.CustomInboxPrefix(InboxPrefix(cfg.User)),
-		nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.Timeout(2*time.Second),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", Redacted(cfg.URL), err)
-	}
-	return nc, nil
+	// OnLoginRefused, when set, is called each time the broker refuses
+	// the login: a process's counter of them.
+	OnLoginRefused func()
 }
 
 // Redacted is a server list with any password in it masked.
@@ -206,6 +191,23 @@ var DefaultStreams = Streams{Replicas: 1, Duplicates: 2 * time.Minute, MaxAge: 7
 // transaction may take up to USERS_DATABASE_TIMEOUT) says it is in
 // progress every third of it (KeepInProgress).
 const AckWait = 10 * time.Second
+
+// PullExpiry is how long each pull request a consumer's reader sends
+// lasts before the client sends another. The client expects the server's
+// heartbeats every half of it; two missed and it pulls again. When the
+// node leading a consumer dies, its pull requests die with it and nothing
+// says so: the reader learns it only from the missing heartbeats. With the
+// client's default (30s) that was 30 seconds without a command read after
+// every such loss, a new leader long up; with 4s, a reader pulls from the
+// new leader within 4 seconds of losing the old. A pull every 4 seconds
+// per idle reader costs the broker nothing worth counting.
+const PullExpiry = 4 * time.Second
+
+// PullOptions are how both readers (Users' commands, the sender's replies)
+// pull: at most limit messages in hand, and PullExpiry.
+func PullOptions(limit int) []jetstream.PullConsumeOpt {
+	return []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(limit), jetstream.PullExpiry(PullExpiry)}
+}
 
 // KeepInProgress tells the broker every so often that msgs are still
 // being handled, which starts their ack waits again, until stop is called.
@@ -288,25 +290,70 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Streams) error {
 // operator (Users' parked_commands, the sender's parked_replies) before
 // it is terminated on the broker.
 type Parked struct {
-	Stream     string
-	Sequence   uint64 // in its stream
-	Subject    string
-	Headers    []byte // JSON
+	Stream   string
+	Sequence uint64 // in its stream
+	Subject  string
+	Headers  []byte // JSON, its values cut at ParkedHeaderValue
+	// Data is the message's first ParkedKeep bytes; Size its whole size.
 	Data       []byte
+	Size       int
 	Reason     string
 	Deliveries int
 }
 
+// What a parked message keeps: enough to see what it was and why it could
+// not be read, not the broker's megabyte per message, which a stream of
+// unreadable messages would otherwise pile up in a database.
+const (
+	ParkedKeep        = 4 << 10 // bytes of the data
+	ParkedHeaderValue = 256     // bytes of each header value
+	parkedHeaders     = 4 << 10 // bytes of all the headers, as JSON
+)
+
 // ParkedOf describes msg, delivered as meta says, for parking.
 func ParkedOf(msg jetstream.Msg, meta *jetstream.MsgMetadata, reason string) Parked {
-	headers, err := json.Marshal(msg.Headers())
-	if err != nil {
-		headers = []byte("{}")
-	}
+	data := msg.Data()
 	return Parked{
-		Stream: meta.Stream, Sequence: meta.Sequence.Stream, Subject: msg.Subject(), Headers: headers,
-		Data: msg.Data(), Reason: reason, Deliveries: int(min(meta.NumDelivered, 1<<31-1)),
+		Stream: meta.Stream, Sequence: meta.Sequence.Stream, Subject: msg.Subject(), Headers: keptHeaders(msg.Headers()),
+		Data: data[:min(len(data), ParkedKeep)], Size: len(data), Reason: reason, Deliveries: int(min(meta.NumDelivered, 1<<31-1)),
 	}
+}
+
+// keptHeaders is h as JSON, each value cut at ParkedHeaderValue bytes:
+// the headers this package writes first, then the others in name order,
+// until the next would take the whole past parkedHeaders.
+func keptHeaders(h nats.Header) []byte {
+	ours := []string{HeaderKey, jetstream.MsgIDHeader, HeaderAttempt, HeaderExpires, "Traceparent"}
+	names := slices.DeleteFunc(slices.Sorted(maps.Keys(h)), func(n string) bool { return slices.Contains(ours, n) })
+	for _, n := range slices.Backward(ours) {
+		if _, ok := h[n]; ok {
+			names = slices.Insert(names, 0, n)
+		}
+	}
+	kept := map[string][]string{}
+	size := 2
+	for _, name := range names {
+		var values []string
+		for _, v := range h[name] {
+			if len(v) > ParkedHeaderValue {
+				v = strings.ToValidUTF8(v[:ParkedHeaderValue], "") + "…"
+			}
+			values = append(values, v)
+		}
+		b, err := json.Marshal(map[string][]string{name: values})
+		if err != nil {
+			continue
+		}
+		if size+len(b) > parkedHeaders {
+			break
+		}
+		kept[name], size = values, size+len(b)
+	}
+	b, err := json.Marshal(kept)
+	if err != nil {
+		return []byte("{}")
+	}
+	return b
 }
 
 // HTTPHeader is h as an http.Header, for the trace propagator (both are

@@ -3,6 +3,7 @@ package natsbus_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -101,12 +102,12 @@ func TestPermissions(t *testing.T) {
 	} {
 		t.Run(tc.user, func(t *testing.T) {
 			t.Parallel()
-			nc, err := natsbus.Connect(srv.Config(tc.user, "test "+tc.user))
+			nc, err := natsbus.Connect(slog.New(slog.DiscardHandler), srv.Config(tc.user, "test "+tc.user))
 			require.NoError(t, err)
 			defer nc.Close()
 			violations := make(chan error, 16)
 			nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err })
-			js, err := jetstream.New(nc)
+			js, err := jetstream.New(nc.Conn)
 			require.NoError(t, err)
 			for _, c := range tc.allowed {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -132,7 +133,7 @@ func TestPermissions(t *testing.T) {
 	}
 	// Another user's inbox is out of reach too: a subscription there is
 	// refused by the server.
-	nc, err := natsbus.Connect(srv.Config(natsbus.SenderUser, "test snoop"))
+	nc, err := natsbus.Connect(slog.New(slog.DiscardHandler), srv.Config(natsbus.SenderUser, "test snoop"))
 	require.NoError(t, err)
 	defer nc.Close()
 	refused := make(chan error, 1)

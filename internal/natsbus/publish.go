@@ -16,9 +16,10 @@ import (
 // discipline.
 type Message struct {
 	Subject string
-	// ID is sent as Nats-Msg-Id. It is the row's own, the same at every
-	// publish of the row, so that JetStream drops a repeat within its
-	// de-duplication window.
+	// ID is sent as Nats-Msg-Id: the same for every copy of one publish
+	// (sent again because its outcome is unknown), so that JetStream
+	// drops the copies within its de-duplication window, and new for a
+	// publish meant to reach the reader again.
 	ID string
 	// Key is the operation's idempotency key, sent as HeaderKey: the
 	// receiver's inbox decides by it, also past the window.

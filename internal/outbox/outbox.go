@@ -53,6 +53,11 @@ const (
 	// The broker did not acknowledge a publish (SENDER_TRANSPORT=nats):
 	// unreachable, or no stream took the command.
 	ReasonBrokerUnreachable = "broker-unreachable"
+	// The broker refused the sender's NATS login (SENDER_NATS_PASSWORD,
+	// or a user the broker does not have), as users-auth-refused over
+	// HTTP: a misconfiguration, never the row's fault, and nothing was
+	// published. Retried, never dead-lettered for it.
+	ReasonBrokerAuthRefused = "broker-auth-refused"
 	// The broker refused the command because its stream is full (the
 	// byte limit provision-broker set, SENDER_NATS_STREAM_MAX_BYTES): Users
 	// has not read what it holds. The row waits in the outbox.
@@ -71,7 +76,7 @@ const (
 // ReasonClasses lists every class.
 var ReasonClasses = []string{
 	ReasonUsersUnreachable, ReasonUsersUnavailable, ReasonKeyInProgress, ReasonUnexpectedAnswer, ReasonUsersAuthRefused,
-	ReasonBrokerUnreachable, ReasonBrokerFull,
+	ReasonBrokerUnreachable, ReasonBrokerFull, ReasonBrokerAuthRefused,
 	ReasonRefused, ReasonInvalid, ReasonKeyReused, ReasonExpired, ReasonAttemptsExhausted,
 	ReasonConflict, ReasonSenderError,
 }
@@ -80,7 +85,7 @@ var ReasonClasses = []string{
 // transient ones, and an unexpected answer that might not recur.
 var RetryClasses = []string{
 	ReasonUsersUnreachable, ReasonUsersUnavailable, ReasonKeyInProgress, ReasonUnexpectedAnswer, ReasonUsersAuthRefused,
-	ReasonBrokerUnreachable, ReasonBrokerFull,
+	ReasonBrokerUnreachable, ReasonBrokerFull, ReasonBrokerAuthRefused,
 }
 
 // DeadClasses are the classes a dead row may carry. A transient failure

@@ -3,8 +3,8 @@ package deadletter
 import (
 	"bytes"
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"strconv"

@@ -71,7 +71,7 @@ func (e *Engine) deliver(ctx context.Context, row store.Row) (store.Result, int)
 		// The wait for the answer grows with the attempts, as a retry's
 		// backoff does: a Users down for an hour is not sent the same
 		// command every few seconds.
-		return store.Result{Row: row, Outcome: published, Seq: a.Seq, Delay: max(e.backoff(row.Attempts), a.RetryAfter)}, a.Status
+		return store.Result{Row: row, Outcome: published, Seq: a.Seq, Repeat: a.Repeat, Delay: max(e.backoff(row.Attempts), a.RetryAfter)}, a.Status
 	case Unread:
 		// Users is not reading (down, or far behind). Its answer comes
 		// whenever it reads the command, whatever the row does meanwhile;
@@ -81,8 +81,27 @@ func (e *Engine) deliver(ctx context.Context, row store.Row) (store.Result, int)
 		wait := max(min(row.PublishedAgo, e.cfg.BackoffMax), e.backoff(row.Attempts), a.RetryAfter)
 		return store.Result{Row: row, Outcome: unread, Delay: wait}, 0
 	}
+	if a.Unsent {
+		// Users cannot have seen it, so the cap on attempts does not
+		// apply, and the attempt is not counted. The backoff, which
+		// grows with the attempts, grows with the row's age instead, as
+		// an unread command's wait does: a broker down for an hour is not
+		// asked every second for every row.
+		wait := max(e.jitter(min(max(ageOf(row, e.cfg.Lease.MaxAge), e.cfg.BackoffMin), e.cfg.BackoffMax)), min(max(a.RetryAfter, 0), e.cfg.BackoffMax))
+		return store.Result{Row: row, Outcome: retry, Class: a.Class, Error: a.Error, Delay: wait, Unsent: true}, a.Status
+	}
 	// The other side cannot push a row past the sender's own limits.
 	return e.retryOrDie(row, a.Class, a.Error, min(max(a.RetryAfter, 0), e.cfg.BackoffMax)), a.Status
+}
+
+// ageOf is how long the row's operation has run: since its creation or
+// last redrive (its expiry less SENDER_MAX_AGE, by the database's clock),
+// or since its creation when the claim did not say.
+func ageOf(row store.Row, maxAge time.Duration) time.Duration {
+	if row.ExpiresAt.IsZero() {
+		return time.Since(row.CreatedAt)
+	}
+	return maxAge - time.Until(row.ExpiresAt)
 }
 
 // retryOrDie schedules another attempt with exponential backoff and jitter,
@@ -110,8 +129,11 @@ func (e *Engine) backoff(attempt int) time.Duration {
 	if shift := max(attempt-1, 0); shift < 62 && e.cfg.BackoffMin <= e.cfg.BackoffMax>>shift {
 		d = e.cfg.BackoffMin << shift
 	}
-	return d/2 + rand.N(d/2+1)
+	return e.jitter(d)
 }
+
+// jitter keeps a random half of d.
+func (e *Engine) jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // RowAttrs name one delivery attempt in every log line about it. The
 // idempotency key follows the operation into Users' logs; the outbox id and

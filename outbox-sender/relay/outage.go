@@ -24,7 +24,8 @@ const outageSummaryEvery = 30 * time.Second
 // lasts, a summary at most every outageSummaryEvery; and the first delivery
 // after it, as the recovery. Never a line per attempt: an hour's outage
 // would write one for every row at every retry. (Refused credentials have
-// a louder line of their own, from the transport.)
+// a louder line of their own, from the transport, or from the broker's
+// connection.)
 type outage struct {
 	mu       sync.Mutex
 	failing  bool
@@ -73,7 +74,7 @@ func (o *outage) delivered(ctx context.Context, log *slog.Logger, now time.Time)
 // note tells the outage what came of one attempt.
 func (e *Engine) note(ctx context.Context, r store.Result) {
 	switch {
-	case r.Outcome == retry && r.Class != outbox.ReasonUsersAuthRefused:
+	case r.Outcome == retry && r.Class != outbox.ReasonUsersAuthRefused && r.Class != outbox.ReasonBrokerAuthRefused:
 		e.outage.failed(ctx, e.log, time.Now(), r)
 	case r.Outcome == delivered:
 		e.outage.delivered(ctx, e.log, time.Now())

@@ -104,6 +104,14 @@ type Answer struct {
 	// Seq is where the broker put the command (Published): its sequence
 	// in the command stream.
 	Seq uint64
+	// Repeat (Published): the broker already held this very publish (a
+	// copy of one whose recording was lost), and dropped it: not counted
+	// as an attempt.
+	Repeat bool
+	// Unsent (Transient): the transport knows nothing left for Users (no
+	// connection to send on, a refused login, a broker that refused to
+	// take the command). The claim does not count as an attempt.
+	Unsent bool
 }
 
 // Verdict is a transport's judgement of an answer.

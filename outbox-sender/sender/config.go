@@ -38,6 +38,8 @@ type Config struct {
 	// stays small; dead rows are kept until a person redrives them.
 	DeliveredRetention time.Duration // SENDER_DELIVERED_RETENTION
 	PurgeInterval      time.Duration // SENDER_PURGE_INTERVAL
+	// ParkedRetention is how long a reply the sender parked is kept.
+	ParkedRetention time.Duration // SENDER_PARKED_RETENTION
 
 	// DatabaseTimeout is the server's statement_timeout on the sender's
 	// connections: it bounds each claim and each statement that records
@@ -161,6 +163,9 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		// student?" for the recent past; the history goes with them.
 		DeliveredRetention: e.Duration("SENDER_DELIVERED_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		PurgeInterval:      e.Duration("SENDER_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
+		// Long enough to be seen after a holiday; a person reads a parked
+		// reply, nothing else does.
+		ParkedRetention: e.Duration("SENDER_PARKED_RETENTION", 30*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 
 		// An operator or two, a Prometheus scraper and the healthcheck:
 		// 64 is plenty, and bounds what a runaway script can hold open on

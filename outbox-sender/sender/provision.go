@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxref/outboxref/internal/natsbus"
+	"github.com/outboxref/outboxref/internal/service"
 )
 
 const (
@@ -40,12 +41,17 @@ func provisionBroker(ctx context.Context, cfg Config, stdout io.Writer) error {
 func provision(ctx context.Context, cfg Config, stdout io.Writer, budget, try time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
-	nc, err := natsbus.Connect(natsbus.Config{URL: cfg.NATSURL, User: cfg.NATSAdminUser, Password: cfg.NATSAdminPassword, Name: "outbox-sender provision-broker"})
+	// A refused login (the admin's password) is logged as it happens.
+	log, err := service.NewLogger(stdout, cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	nc, err := natsbus.Connect(log, natsbus.Config{URL: cfg.NATSURL, User: cfg.NATSAdminUser, Password: cfg.NATSAdminPassword, Name: "outbox-sender provision-broker"})
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc.Conn)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}

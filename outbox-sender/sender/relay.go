@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/outbox-sender/cdc"
 	"github.com/outboxref/outboxref/outbox-sender/internal/store"
@@ -85,6 +86,20 @@ func New(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Relay {
 	return r
 }
 
+// Ready is nil unless the transport cannot do its work by itself: with the
+// broker, a login the broker refuses. (Users or a broker that is down is
+// not: rows wait in the outbox, and delivery resumes when it is back.)
+func (r *Relay) Ready() error {
+	if r.broker == nil {
+		return nil
+	}
+	if err := r.broker.Ready(); err != nil {
+		return &httpapi.NotReadyError{Dependency: "broker",
+			Says: "the broker refuses the sender's NATS login (user " + natsbus.SenderUser + "): check SENDER_NATS_PASSWORD", Err: err}
+	}
+	return nil
+}
+
 // recordWorkers is how many batches of Users' replies the NATS transport
 // records at once, as many as the engine's recorders.
 const recordWorkers = 4
@@ -112,8 +127,10 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) Collectors() []prometheus.Collector { return r.collectors }
 
 // PurgeLoop purges delivered rows older than SENDER_DELIVERED_RETENTION
-// every SENDER_PURGE_INTERVAL until ctx ends, 1,000 rows a statement. Dead
-// rows are never purged: a person must look at them.
+// (and replies received as long ago), and parked replies older than
+// SENDER_PARKED_RETENTION, every SENDER_PURGE_INTERVAL until ctx ends,
+// 1,000 rows a statement. Dead rows are never purged: a person must look
+// at them.
 func (r *Relay) PurgeLoop(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.PurgeInterval)
 	defer t.Stop()
@@ -135,6 +152,11 @@ func (r *Relay) PurgeLoop(ctx context.Context) error {
 			r.log.Error("reply inbox purge failed", slog.String("error", err.Error()))
 		} else if n > 0 {
 			r.log.Info("reply inbox purged", slog.Int64("rows", n), slog.Duration("retention", r.cfg.DeliveredRetention))
+		}
+		if n, err := r.store.PurgeParked(ctx, r.cfg.ParkedRetention, 1000); err != nil && ctx.Err() == nil {
+			r.log.Error("parked replies purge failed", slog.String("error", err.Error()))
+		} else if n > 0 {
+			r.log.Info("parked replies purged", slog.Int64("rows", n), slog.Duration("retention", r.cfg.ParkedRetention))
 		}
 		select {
 		case <-ctx.Done():

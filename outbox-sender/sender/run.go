@@ -108,7 +108,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 // AdminDBMaxConns): readiness and the operator's routes wait for its
 // connections, never for delivery's.
 func adminRouter(log *slog.Logger, pool *pgxpool.Pool, r *Relay) chi.Router {
-	admin := httpapi.NewAdminRouter(log, pool.Ping, "SENDER_ADMIN_ALLOWED_HOSTS", r.cfg.AdminAllowedHosts)
+	ready := func(ctx context.Context) error {
+		if err := pool.Ping(ctx); err != nil {
+			return err
+		}
+		return r.Ready()
+	}
+	admin := httpapi.NewAdminRouter(log, ready, "SENDER_ADMIN_ALLOWED_HOSTS", r.cfg.AdminAllowedHosts)
 	op := deadletter.New(pool, "admin-api@"+r.cfg.ID, r.cfg.DatabaseTimeout)
 	op.MaxRedrives = r.cfg.MaxRedrives
 	op.KeyWindow = r.cfg.KeyWindow()

@@ -54,35 +54,77 @@ func (t *Transport) Replies(ctx context.Context, rec Recorder) error {
 
 // readReplies reads from the consumer until ctx ends or the consumer
 // stops delivering.
+//
+// The consumer's handler hands each reply to the recording workers and
+// waits while they are busy: the client holds what the broker sends
+// meanwhile in the subscription's own buffer. (An iterator over a channel
+// of one batch's size, as this was, dropped replies when the channel was
+// full, and the broker delivered them again only after their ack wait.)
 func (t *Transport) readReplies(ctx context.Context, rec Recorder) error {
 	cons, ok := t.consumer(ctx)
 	if !ok {
 		return nil // ctx ended while the broker was away
 	}
-	// A batch's worth fetched ahead, no more: a reply waiting in the
-	// client's buffer is not kept in progress, and must be recorded well
-	// within the ack wait.
-	it, err := cons.Messages(jetstream.PullMaxMessages(ReplyBatch))
-	if err != nil {
-		return fmt.Errorf("read replies: %w", err)
-	}
-	msgs := make(chan jetstream.Msg, ReplyBatch)
+	// msgs is never closed: the client may call the handler until the
+	// consumption has stopped. quit ends the workers once it has, after
+	// they have recorded what was handed to them.
+	msgs, quit := make(chan jetstream.Msg, ReplyBatch), make(chan struct{})
 	var workers sync.WaitGroup
 	for range t.cfg.Workers {
 		workers.Go(func() {
-			for m := range msgs {
-				t.handle(ctx, rec, gather(m, msgs))
+			for {
+				select {
+				case m := <-msgs:
+					t.handle(ctx, rec, gather(m, msgs))
+				case <-quit:
+					for {
+						select {
+						case m := <-msgs:
+							t.handle(ctx, rec, gather(m, msgs))
+						default:
+							return
+						}
+					}
+				}
 			}
 		})
 	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	for m := range t.messages(ctx, it) {
-		msgs <- m
+	defer func() {
+		close(quit)
+		workers.Wait()
+	}()
+	// A batch's worth fetched ahead, no more: a reply waiting to be
+	// recorded is not kept in progress, and must be recorded well within
+	// the ack wait.
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-quit: // stopping: delivered again after its ack wait
+		}
+	},
+		append(natsbus.PullOptions(ReplyBatch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, jetstream.ErrConsumerDeleted) {
+				t.warn("read replies", err)
+			}
+		}))...)
+	if err != nil {
+		return fmt.Errorf("read replies: %w", err)
 	}
-	close(msgs)
-	workers.Wait()
+	select {
+	case <-ctx.Done():
+		// Hand what is fetched to the workers, then stop; a broker that
+		// is gone cannot confirm the drain, and what was not recorded is
+		// delivered again after its ack wait.
+		cc.Drain()
+		select {
+		case <-cc.Closed():
+		case <-time.After(t.cfg.Timeout):
+			cc.Stop()
+		}
+	case <-cc.Closed():
+		// The consumer deleted, or re-created, under the reader: Replies
+		// looks it up again.
+	}
 	return nil
 }
 
@@ -93,34 +135,13 @@ func gather(first jetstream.Msg, msgs <-chan jetstream.Msg) []jetstream.Msg {
 	batch := []jetstream.Msg{first}
 	for len(batch) < ReplyBatch {
 		select {
-		case m, ok := <-msgs:
-			if !ok {
-				return batch
-			}
+		case m := <-msgs:
 			batch = append(batch, m)
 		default:
 			return batch
 		}
 	}
 	return batch
-}
-
-// messages yields what it reads until it is stopped (when ctx ends).
-func (t *Transport) messages(ctx context.Context, it jetstream.MessagesContext) func(yield func(jetstream.Msg) bool) {
-	return func(yield func(jetstream.Msg) bool) {
-		for {
-			m, err := it.Next()
-			switch {
-			case errors.Is(err, jetstream.ErrMsgIteratorClosed), errors.Is(err, jetstream.ErrConsumerDeleted), ctx.Err() != nil:
-				return
-			case err != nil:
-				t.warn("read replies", err)
-				time.Sleep(100 * time.Millisecond) // the iterator reconnects meanwhile
-			case !yield(m):
-				return
-			}
-		}
-	}
 }
 
 // consumer finds the sender's durable consumer, waiting for the broker

@@ -1,8 +1,8 @@
 // Package usersnats is the outbox sender's transport to Users through NATS
 // JetStream (SENDER_TRANSPORT=nats): it publishes each row's create-user
 // command to the command stream, with the row's idempotency key as
-// Nats-Msg-Id and as Idempotency-Key, and reads Users' answers from the
-// reply stream.
+// Idempotency-Key and a message id of its own for each publish meant to
+// reach Users (MessageID), and reads Users' answers from the reply stream.
 //
 // A publish the broker acknowledged is not a delivery: the row waits as
 // published (Deliver's verdict is relay.Published) until Users' answer
@@ -64,17 +64,22 @@ type Recorder interface {
 type Transport struct {
 	cfg   Config
 	log   *slog.Logger
-	nc    *nats.Conn
+	nc    *natsbus.Conn
 	js    jetstream.JetStream
 	alarm alarm.Alarm
 	// publish is one publish, from sending to the broker's
 	// acknowledgement (or failure).
 	publish prometheus.Histogram
-	// duplicates counts publishes the broker acknowledged as repeats
-	// within its de-duplication window.
+	// duplicates counts publishes the broker acknowledged as copies of
+	// one it held (the same message id within its de-duplication window):
+	// publishes whose recording was lost, sent again.
 	duplicates prometheus.Counter
 	// undecodable counts replies parked.
 	undecodable prometheus.Counter
+	// authFailures counts publishes refused because the broker refuses
+	// the sender's login: the same counter as the HTTP transport's, so
+	// that one alert covers both.
+	authFailures *prometheus.CounterVec
 
 	// floor caches how far Users has read the command stream: the last
 	// look's result (or failure) and when it came, and the look in
@@ -92,13 +97,13 @@ type Transport struct {
 // when the broker is down: publishes fail (rows wait, retried) until it
 // is up.
 func New(log *slog.Logger, cfg Config) (*Transport, error) {
-	nc, err := natsbus.Connect(cfg.NATS)
+	nc, err := natsbus.Connect(log, cfg.NATS)
 	if err != nil {
 		return nil, err
 	}
 	// The timeout ends a publish whose acknowledgement never comes (lost
 	// with a connection) within the client as well as for its caller.
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(cfg.Timeout))
+	js, err := jetstream.New(nc.Conn, jetstream.WithPublishAsyncTimeout(cfg.Timeout))
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
@@ -118,13 +123,32 @@ func New(log *slog.Logger, cfg Config) (*Transport, error) {
 			Name: "outbox_sender_replies_undecodable_total",
 			Help: "Replies the sender could not read after " + strconv.Itoa(MaxReplyDeliveries) + " deliveries, parked in parked_replies: alert on any increase.",
 		}),
+		authFailures: newAuthFailures(),
 	}, nil
+}
+
+// AuthStatus is the status label of a publish refused for the sender's
+// NATS login, beside the HTTP transport's 401 and 403.
+const AuthStatus = "nats"
+
+func newAuthFailures() *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outbox_sender_auth_failures_total",
+		Help: "Deliveries refused for the sender's credentials, by status: 401 or 403 from Users, nats when the broker refuses the sender's login. A misconfiguration: alert on any increase.",
+	}, []string{"status"})
+	c.WithLabelValues(AuthStatus) // from the start, so that increase() sees the first
+	return c
 }
 
 // Collectors returns the transport's metrics.
 func (t *Transport) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{t.publish, t.duplicates, t.undecodable}
+	return []prometheus.Collector{t.publish, t.duplicates, t.undecodable, t.authFailures}
 }
+
+// Ready is nil unless the broker refuses the sender's login: a sender in
+// that state can neither publish nor read a reply, and its /readyz says
+// so. A broker that is down is not a reason: rows wait in the outbox.
+func (t *Transport) Ready() error { return t.nc.LoginRefused() }
 
 // Close closes the connection.
 func (t *Transport) Close() { t.nc.Close() }
@@ -161,24 +185,50 @@ func (t *Transport) Deliver(ctx context.Context, row store.Row) relay.Answer {
 	}
 	telemetry.Inject(pctx, natsbus.HTTPHeader(header)) // Users continues the attempt's trace
 	start := time.Now()
-	// The command's message id is the row's idempotency key: each row
-	// carries one operation, so the key is the row's own.
 	ack := natsbus.Publish(pctx, t.js, natsbus.CommandStream, []natsbus.Message{{
-		Subject: natsbus.CreateUserSubject, ID: key, Key: key, Data: row.Payload, Header: header,
+		Subject: natsbus.CreateUserSubject, ID: MessageID(row), Key: key, Data: row.Payload, Header: header,
 	}})[0]
 	t.publish.Observe(time.Since(start).Seconds())
 	if err := ack.Err; err != nil {
-		class := outbox.ReasonBrokerUnreachable
-		if natsbus.StreamFull(err) {
-			class = outbox.ReasonBrokerFull
-		}
-		return relay.Answer{Verdict: relay.Transient, Class: class,
-			Error: fmt.Sprintf("publish to %s: %v", natsbus.CreateUserSubject, err)}
+		return t.failed(err)
 	}
 	if ack.Duplicate {
 		t.duplicates.Inc()
 	}
-	return relay.Answer{Verdict: relay.Published, Seq: ack.Seq, RetryAfter: t.cfg.AnswerWait}
+	return relay.Answer{Verdict: relay.Published, Seq: ack.Seq, Repeat: ack.Duplicate, RetryAfter: t.cfg.AnswerWait}
+}
+
+// MessageID is the Nats-Msg-Id of the row's next command: its key and the
+// count of its recorded publishes. A publish repeated because its outcome
+// is unknown (the acknowledgement lost, the sender killed before it
+// recorded it) goes out under the same id, and the broker drops the copy
+// within its de-duplication window. A publish meant to reach Users again
+// (the last one read and not answered, or a redrive, which counts as a
+// publish) has a new id: with the key alone, the broker dropped such a
+// publish for two minutes, and a redrive sat published, reaching nobody.
+func MessageID(row store.Row) string {
+	return row.IdempotencyKey.String() + "." + strconv.Itoa(row.Publishes)
+}
+
+// failed judges a publish the broker did not acknowledge. Unsent, when
+// nothing reached the stream: no connection to send on (natsbus.Connect
+// buffers nothing meanwhile), a refused login, a full stream that refused
+// the command. A publish that went out and whose acknowledgement never
+// came may have reached Users, and counts as an attempt.
+func (t *Transport) failed(err error) relay.Answer {
+	what := fmt.Sprintf("publish to %s: %v", natsbus.CreateUserSubject, err)
+	switch refused := t.nc.LoginRefused(); {
+	case refused != nil:
+		t.authFailures.WithLabelValues(AuthStatus).Inc()
+		return relay.Answer{Verdict: relay.Transient, Class: outbox.ReasonBrokerAuthRefused, Unsent: true,
+			Error: fmt.Sprintf("publish to %s: %v (check SENDER_NATS_PASSWORD)", natsbus.CreateUserSubject, refused)}
+	case natsbus.StreamFull(err):
+		return relay.Answer{Verdict: relay.Transient, Class: outbox.ReasonBrokerFull, Unsent: true, Error: what}
+	case natsbus.NotSent(err):
+		return relay.Answer{Verdict: relay.Transient, Class: outbox.ReasonBrokerUnreachable, Unsent: true,
+			Error: fmt.Sprintf("publish to %s: no connection to the broker at %s, nothing sent (%v)", natsbus.CreateUserSubject, natsbus.Redacted(t.cfg.NATS.URL), err)}
+	}
+	return relay.Answer{Verdict: relay.Transient, Class: outbox.ReasonBrokerUnreachable, Error: what}
 }
 
 // floorFresh is how long a look at the command stream is used for. The

@@ -416,10 +416,11 @@ func (b *bench) claimAll(ctx context.Context, pool *pgxpool.Pool, jobs chan<- cl
 				expiresAt time.Time // only the broker form sends it
 				// The broker form's last publish: never, for the bound.
 				publishedSeq int64
+				publishes    int32
 				publishedAgo time.Duration
 			)
 			if err := rows.Scan(&c.id, &c.key, &operation, &c.studentID, &c.payload, &c.attempts, &lease, &createdAt, &trace, &expired, &expiresAt,
-				&publishedSeq, &publishedAgo); err != nil {
+				&publishedSeq, &publishes, &publishedAgo); err != nil {
 				rows.Close()
 				_ = results.Close()
 				cancel()

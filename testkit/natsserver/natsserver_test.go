@@ -3,6 +3,7 @@ package natsserver_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -27,10 +28,10 @@ func TestClusterSurvivesANode(t *testing.T) {
 	defer cancel()
 	nodes, urls, pw := startCluster(ctx, t, 3)
 
-	nc, err := natsbus.Connect(natsbus.Config{URL: urls, User: natsbus.SenderUser, Password: pw[natsbus.SenderUser], Name: "test"})
+	nc, err := natsbus.Connect(slog.New(slog.DiscardHandler), natsbus.Config{URL: urls, User: natsbus.SenderUser, Password: pw[natsbus.SenderUser], Name: "test"})
 	require.NoError(t, err)
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc.Conn)
 	require.NoError(t, err)
 	publish := func() {
 		t.Helper()

@@ -107,8 +107,10 @@ UPDATE outbox o
 SET state = 'pending', available_at = now(), attempts = 0, attempts_before_redrive = o.attempts_before_redrive + d.attempts,
     age_from = now(),
     dead_at = NULL, lease_token = NULL, claimed_by = NULL, last_error = NULL, reason_class = NULL,
-    -- A fresh start: the next publish is not held back by an old one's.
-    published_at = NULL, published_seq = NULL,
+    -- A fresh start: the next publish is not held back by an old one's,
+    -- and goes out under a message id of its own, which the broker cannot
+    -- drop as a repeat of one before the redrive.
+    published_at = NULL, published_seq = NULL, publishes = o.publishes + 1,
     redrives = o.redrives + 1, redriven_at = now(),
     previous_keys = CASE WHEN @new_key::boolean THEN o.previous_keys || o.idempotency_key ELSE o.previous_keys END,
     idempotency_key = CASE WHEN @new_key::boolean THEN gen_random_uuid() ELSE o.idempotency_key END,

@@ -18,17 +18,21 @@ SELECT id FROM outbox WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE;
 -- An unread row was not published again: the command the broker took
 -- before is still unread by Users, so the row keeps that publish (its
 -- time and sequence), the claim does not count as an attempt, and no event
--- is told. A publish gets its attempt's event in the same statement.
+-- is told. A publish gets its attempt's event in the same statement, and
+-- counts in publishes, whose count names the next publish's message id.
+-- A repeat is a publish the broker already held under its message id
+-- (one whose recording was lost): recorded, not counted as an attempt.
 WITH d AS (
     SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
            unnest(@seqs::bigint[]) AS seq, unnest(@waits::interval[]) AS wait,
-           unnest(@unread::boolean[]) AS unread
+           unnest(@unread::boolean[]) AS unread, unnest(@repeats::boolean[]) AS repeat
 ), applied AS (
     UPDATE outbox o
     SET state = 'published',
         published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
         published_seq = CASE WHEN d.unread THEN o.published_seq ELSE d.seq END,
-        attempts = CASE WHEN d.unread THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
+        publishes = CASE WHEN d.unread THEN o.publishes ELSE o.publishes + 1 END,
+        attempts = CASE WHEN d.unread OR d.repeat THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
         available_at = LEAST(now() + d.wait, o.age_from + @max_age::interval),
         lease_token = NULL, last_error = NULL, reason_class = NULL
     FROM d
@@ -94,6 +98,17 @@ WHERE message_id IN (
 
 -- name: ParkReply :exec
 -- Keeps a reply the sender could not read, for an operator.
-INSERT INTO parked_replies (stream, stream_sequence, subject, headers, data, reason, deliveries)
-VALUES (@stream, @stream_sequence, @subject, @headers, @data, @reason, @deliveries)
+INSERT INTO parked_replies (stream, stream_sequence, subject, headers, data, size, reason, deliveries)
+VALUES (@stream, @stream_sequence, @subject, @headers, @data, @size, @reason, @deliveries)
 ON CONFLICT (stream, stream_sequence) DO NOTHING;
+
+-- name: PurgeParkedReplies :execrows
+-- Forgets parked replies older than the retention, oldest first, as
+-- PurgeReplies does the inbox of replies.
+DELETE FROM parked_replies
+WHERE (stream, stream_sequence) IN (
+    SELECT stream, stream_sequence FROM parked_replies
+    WHERE parked_at < now() - @retention::interval
+    ORDER BY parked_at
+    LIMIT @batch_size
+);

@@ -32,7 +32,7 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           -- The broker transport's last publish of the row, if any: where
           -- its command sits in the stream, and how long ago the broker
           -- took it (SENDER_TRANSPORT=nats).
-          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          COALESCE(o.published_seq, 0)::bigint AS published_seq, o.publishes,
           (now() - COALESCE(o.published_at, now()))::interval AS published_ago;
 
 -- name: ClaimStreamed :many
@@ -63,7 +63,7 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           -- The broker transport's last publish of the row, if any: where
           -- its command sits in the stream, and how long ago the broker
           -- took it (SENDER_TRANSPORT=nats).
-          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          COALESCE(o.published_seq, 0)::bigint AS published_seq, o.publishes,
           (now() - COALESCE(o.published_at, now()))::interval AS published_ago;
 
 -- name: VisibleOutboxIDs :many

@@ -34,7 +34,7 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           -- The broker transport's last publish of the row, if any: where
           -- its command sits in the stream, and how long ago the broker
           -- took it (SENDER_TRANSPORT=nats).
-          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          COALESCE(o.published_seq, 0)::bigint AS published_seq, o.publishes,
           (now() - COALESCE(o.published_at, now()))::interval AS published_ago;
 
 -- name: LinkStudents :many
@@ -95,14 +95,17 @@ FROM answers a;
 -- lease expired and was taken over leaves the row to its new owner. A row
 -- never sleeps past its max age: it is claimed then, and dead-lettered.
 -- Each row rescheduled gets its attempt's event in the same statement, so
--- that only what was written is told (TrimHistories keeps it short).
+-- that only what was written is told (TrimHistories keeps it short). An
+-- unsent attempt (nothing left for Users: the broker's connection down or
+-- its login refused) gives back the attempt its claim counted.
 WITH d AS (
     SELECT unnest(@ids::bigint[]) AS id, unnest(@lease_tokens::uuid[]) AS lease_token,
            unnest(@delays::interval[]) AS delay, unnest(@errors::text[]) AS error,
-           unnest(@reason_classes::text[]) AS reason_class
+           unnest(@reason_classes::text[]) AS reason_class, unnest(@unsent::boolean[]) AS unsent
 ), applied AS (
     UPDATE outbox o
     SET available_at = LEAST(now() + d.delay, o.age_from + @max_age::interval),
+        attempts = CASE WHEN d.unsent THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
         last_error = d.error, reason_class = d.reason_class, lease_token = NULL
     FROM d
     WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'

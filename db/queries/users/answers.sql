@@ -37,6 +37,18 @@ WHERE id IN (
 );
 
 -- name: ParkCommand :exec
-INSERT INTO parked_commands (stream, stream_sequence, subject, headers, data, reason, deliveries)
-VALUES (@stream, @stream_sequence, @subject, @headers, @data, @reason, @deliveries)
+INSERT INTO parked_commands (stream, stream_sequence, subject, headers, data, size, reason, deliveries)
+VALUES (@stream, @stream_sequence, @subject, @headers, @data, @size, @reason, @deliveries)
 ON CONFLICT (stream, stream_sequence) DO NOTHING;
+
+-- name: PurgeParkedCommands :execrows
+-- Forgets parked commands older than the retention, oldest first. No FOR
+-- UPDATE: nothing updates a parked command, and the role has no need of
+-- the privilege; two purges at once only wait for each other.
+DELETE FROM parked_commands
+WHERE (stream, stream_sequence) IN (
+    SELECT stream, stream_sequence FROM parked_commands
+    WHERE parked_at < now() - @retention::interval
+    ORDER BY parked_at
+    LIMIT @batch_size
+);

@@ -43,6 +43,7 @@ type ParkedCommand struct {
 	Reason         string
 	Deliveries     int32
 	ParkedAt       time.Time
+	Size           int32
 }
 
 type User struct {

@@ -120,8 +120,8 @@ func (q *Queries) MarkDeadByReplies(ctx context.Context, db DBTX, arg MarkDeadBy
 }
 
 const ParkReply = `-- name: ParkReply :exec
-INSERT INTO parked_replies (stream, stream_sequence, subject, headers, data, reason, deliveries)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO parked_replies (stream, stream_sequence, subject, headers, data, size, reason, deliveries)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (stream, stream_sequence) DO NOTHING
 `
 
@@ -131,6 +131,7 @@ type ParkReplyParams struct {
 	Subject        string
 	Headers        []byte
 	Data           []byte
+	Size           int32
 	Reason         string
 	Deliveries     int32
 }
@@ -143,10 +144,36 @@ func (q *Queries) ParkReply(ctx context.Context, db DBTX, arg ParkReplyParams) e
 		arg.Subject,
 		arg.Headers,
 		arg.Data,
+		arg.Size,
 		arg.Reason,
 		arg.Deliveries,
 	)
 	return err
+}
+
+const PurgeParkedReplies = `-- name: PurgeParkedReplies :execrows
+DELETE FROM parked_replies
+WHERE (stream, stream_sequence) IN (
+    SELECT stream, stream_sequence FROM parked_replies
+    WHERE parked_at < now() - $1::interval
+    ORDER BY parked_at
+    LIMIT $2
+)
+`
+
+type PurgeParkedRepliesParams struct {
+	Retention time.Duration
+	BatchSize int32
+}
+
+// Forgets parked replies older than the retention, oldest first, as
+// PurgeReplies does the inbox of replies.
+func (q *Queries) PurgeParkedReplies(ctx context.Context, db DBTX, arg PurgeParkedRepliesParams) (int64, error) {
+	result, err := db.Exec(ctx, PurgeParkedReplies, arg.Retention, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const PurgeReplies = `-- name: PurgeReplies :execrows
@@ -222,21 +249,22 @@ const RecordPublished = `-- name: RecordPublished :many
 WITH d AS (
     SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
            unnest($3::bigint[]) AS seq, unnest($4::interval[]) AS wait,
-           unnest($5::boolean[]) AS unread
+           unnest($5::boolean[]) AS unread, unnest($6::boolean[]) AS repeat
 ), applied AS (
     UPDATE outbox o
     SET state = 'published',
         published_at = CASE WHEN d.unread THEN o.published_at ELSE now() END,
         published_seq = CASE WHEN d.unread THEN o.published_seq ELSE d.seq END,
-        attempts = CASE WHEN d.unread THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
-        available_at = LEAST(now() + d.wait, o.age_from + $6::interval),
+        publishes = CASE WHEN d.unread THEN o.publishes ELSE o.publishes + 1 END,
+        attempts = CASE WHEN d.unread OR d.repeat THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
+        available_at = LEAST(now() + d.wait, o.age_from + $7::interval),
         lease_token = NULL, last_error = NULL, reason_class = NULL
     FROM d
     WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
     RETURNING o.id, o.attempts, o.idempotency_key, d.unread
 ), events AS (
     INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, actor, idempotency_key)
-    SELECT id, 'attempt', attempts, 'published', $7, idempotency_key
+    SELECT id, 'attempt', attempts, 'published', $8, idempotency_key
     FROM applied WHERE NOT unread
 )
 SELECT id FROM applied
@@ -248,6 +276,7 @@ type RecordPublishedParams struct {
 	Seqs        []int64
 	Waits       []time.Duration
 	Unread      []bool
+	Repeats     []bool
 	MaxAge      time.Duration
 	Actor       string
 }
@@ -260,7 +289,10 @@ type RecordPublishedParams struct {
 // An unread row was not published again: the command the broker took
 // before is still unread by Users, so the row keeps that publish (its
 // time and sequence), the claim does not count as an attempt, and no event
-// is told. A publish gets its attempt's event in the same statement.
+// is told. A publish gets its attempt's event in the same statement, and
+// counts in publishes, whose count names the next publish's message id.
+// A repeat is a publish the broker already held under its message id
+// (one whose recording was lost): recorded, not counted as an attempt.
 func (q *Queries) RecordPublished(ctx context.Context, db DBTX, arg RecordPublishedParams) ([]int64, error) {
 	rows, err := db.Query(ctx, RecordPublished,
 		arg.Ids,
@@ -268,6 +300,7 @@ func (q *Queries) RecordPublished(ctx context.Context, db DBTX, arg RecordPublis
 		arg.Seqs,
 		arg.Waits,
 		arg.Unread,
+		arg.Repeats,
 		arg.MaxAge,
 		arg.Actor,
 	)

@@ -37,7 +37,7 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           -- The broker transport's last publish of the row, if any: where
           -- its command sits in the stream, and how long ago the broker
           -- took it (SENDER_TRANSPORT=nats).
-          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          COALESCE(o.published_seq, 0)::bigint AS published_seq, o.publishes,
           (now() - COALESCE(o.published_at, now()))::interval AS published_ago
 `
 
@@ -62,6 +62,7 @@ type ClaimDueLeavingNewRow struct {
 	Expired        bool
 	ExpiresAt      time.Time
 	PublishedSeq   int64
+	Publishes      int32
 	PublishedAgo   time.Duration
 }
 
@@ -103,6 +104,7 @@ func (q *Queries) ClaimDueLeavingNew(ctx context.Context, db DBTX, arg ClaimDueL
 			&i.Expired,
 			&i.ExpiresAt,
 			&i.PublishedSeq,
+			&i.Publishes,
 			&i.PublishedAgo,
 		); err != nil {
 			return nil, err
@@ -135,7 +137,7 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           -- The broker transport's last publish of the row, if any: where
           -- its command sits in the stream, and how long ago the broker
           -- took it (SENDER_TRANSPORT=nats).
-          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          COALESCE(o.published_seq, 0)::bigint AS published_seq, o.publishes,
           (now() - COALESCE(o.published_at, now()))::interval AS published_ago
 `
 
@@ -159,6 +161,7 @@ type ClaimStreamedRow struct {
 	Expired        bool
 	ExpiresAt      time.Time
 	PublishedSeq   int64
+	Publishes      int32
 	PublishedAgo   time.Duration
 }
 
@@ -197,6 +200,7 @@ func (q *Queries) ClaimStreamed(ctx context.Context, db DBTX, arg ClaimStreamedP
 			&i.Expired,
 			&i.ExpiresAt,
 			&i.PublishedSeq,
+			&i.Publishes,
 			&i.PublishedAgo,
 		); err != nil {
 			return nil, err

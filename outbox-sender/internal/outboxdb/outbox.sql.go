@@ -38,7 +38,7 @@ RETURNING o.id, o.idempotency_key, o.operation, o.student_id, o.payload, o.attem
           -- The broker transport's last publish of the row, if any: where
           -- its command sits in the stream, and how long ago the broker
           -- took it (SENDER_TRANSPORT=nats).
-          COALESCE(o.published_seq, 0)::bigint AS published_seq,
+          COALESCE(o.published_seq, 0)::bigint AS published_seq, o.publishes,
           (now() - COALESCE(o.published_at, now()))::interval AS published_ago
 `
 
@@ -62,6 +62,7 @@ type ClaimDueRow struct {
 	Expired        bool
 	ExpiresAt      time.Time
 	PublishedSeq   int64
+	Publishes      int32
 	PublishedAgo   time.Duration
 }
 
@@ -103,6 +104,7 @@ func (q *Queries) ClaimDue(ctx context.Context, db DBTX, arg ClaimDueParams) ([]
 			&i.Expired,
 			&i.ExpiresAt,
 			&i.PublishedSeq,
+			&i.Publishes,
 			&i.PublishedAgo,
 		); err != nil {
 			return nil, err
@@ -426,17 +428,18 @@ const ScheduleRetries = `-- name: ScheduleRetries :many
 WITH d AS (
     SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS lease_token,
            unnest($3::interval[]) AS delay, unnest($4::text[]) AS error,
-           unnest($5::text[]) AS reason_class
+           unnest($5::text[]) AS reason_class, unnest($6::boolean[]) AS unsent
 ), applied AS (
     UPDATE outbox o
-    SET available_at = LEAST(now() + d.delay, o.age_from + $6::interval),
+    SET available_at = LEAST(now() + d.delay, o.age_from + $7::interval),
+        attempts = CASE WHEN d.unsent THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
         last_error = d.error, reason_class = d.reason_class, lease_token = NULL
     FROM d
     WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.state = 'pending'
     RETURNING o.id, o.attempts, o.idempotency_key, d.error, d.reason_class
 ), events AS (
     INSERT INTO outbox_events (outbox_id, kind, attempt, outcome, reason_class, error, actor, idempotency_key)
-    SELECT id, 'attempt', attempts, 'retry', NULLIF(reason_class, ''), NULLIF(error, ''), $7, idempotency_key
+    SELECT id, 'attempt', attempts, 'retry', NULLIF(reason_class, ''), NULLIF(error, ''), $8, idempotency_key
     FROM applied
 )
 SELECT id FROM applied
@@ -448,6 +451,7 @@ type ScheduleRetriesParams struct {
 	Delays        []time.Duration
 	Errors        []string
 	ReasonClasses []string
+	Unsent        []bool
 	MaxAge        time.Duration
 	Actor         string
 }
@@ -456,7 +460,9 @@ type ScheduleRetriesParams struct {
 // lease expired and was taken over leaves the row to its new owner. A row
 // never sleeps past its max age: it is claimed then, and dead-lettered.
 // Each row rescheduled gets its attempt's event in the same statement, so
-// that only what was written is told (TrimHistories keeps it short).
+// that only what was written is told (TrimHistories keeps it short). An
+// unsent attempt (nothing left for Users: the broker's connection down or
+// its login refused) gives back the attempt its claim counted.
 func (q *Queries) ScheduleRetries(ctx context.Context, db DBTX, arg ScheduleRetriesParams) ([]int64, error) {
 	rows, err := db.Query(ctx, ScheduleRetries,
 		arg.Ids,
@@ -464,6 +470,7 @@ func (q *Queries) ScheduleRetries(ctx context.Context, db DBTX, arg ScheduleRetr
 		arg.Delays,
 		arg.Errors,
 		arg.ReasonClasses,
+		arg.Unsent,
 		arg.MaxAge,
 		arg.Actor,
 	)

@@ -32,6 +32,12 @@ type Result struct {
 	// Lapsed: released because the lease ran out before the send, not
 	// because the sender is stopping.
 	Lapsed bool
+	// Unsent (retry): nothing left for Users; the claim is not counted
+	// as an attempt.
+	Unsent bool
+	// Repeat (published): the broker already held this publish; the
+	// claim is not counted as an attempt.
+	Repeat bool
 }
 
 // Recorded is what a recording transaction did.
@@ -107,13 +113,13 @@ func (s *Store) record(ctx context.Context, l Lease, batch []Result) (Recorded, 
 		})
 	}
 	if r := w.retries; len(r.Ids) > 0 {
-		b.Queue(outboxdb.ScheduleRetries, r.Ids, r.LeaseTokens, r.Delays, r.Errors, r.ReasonClasses, r.MaxAge, r.Actor).Query(applied)
+		b.Queue(outboxdb.ScheduleRetries, r.Ids, r.LeaseTokens, r.Delays, r.Errors, r.ReasonClasses, r.Unsent, r.MaxAge, r.Actor).Query(applied)
 	}
 	if d := w.deaths; len(d.Ids) > 0 {
 		b.Queue(outboxdb.MarkDead, d.Ids, d.LeaseTokens, d.Errors, d.ReasonClasses, d.Actor).Query(applied)
 	}
 	if p := w.published; len(p.Ids) > 0 {
-		b.Queue(outboxdb.RecordPublished, p.Ids, p.LeaseTokens, p.Seqs, p.Waits, p.Unread, p.MaxAge, p.Actor).Query(applied)
+		b.Queue(outboxdb.RecordPublished, p.Ids, p.LeaseTokens, p.Seqs, p.Waits, p.Unread, p.Repeats, p.MaxAge, p.Actor).Query(applied)
 	}
 	if r := w.releases; len(r.Ids) > 0 {
 		b.Queue(outboxdb.Release, r.Ids, r.LeaseTokens).Exec(func(tag pgconn.CommandTag) error {
@@ -203,6 +209,7 @@ func sortResults(batch []Result) *writes {
 			w.retries.Delays = append(w.retries.Delays, r.Delay)
 			w.retries.Errors = append(w.retries.Errors, cleanError(r.Error))
 			w.retries.ReasonClasses = append(w.retries.ReasonClasses, r.Class)
+			w.retries.Unsent = append(w.retries.Unsent, r.Unsent)
 		case outbox.OutcomeDead:
 			w.told = append(w.told, r.Row.ID)
 			w.dead(r.Row.ID, r.Row.LeaseToken, r.Error, r.Class)
@@ -214,6 +221,7 @@ func sortResults(batch []Result) *writes {
 			w.published.Seqs = append(w.published.Seqs, int64(r.Seq)) //nolint:gosec // a stream's sequence stays far below 2^63
 			w.published.Waits = append(w.published.Waits, r.Delay)
 			w.published.Unread = append(w.published.Unread, false)
+			w.published.Repeats = append(w.published.Repeats, r.Repeat)
 		case outbox.OutcomeUnread:
 			w.brokered = true
 			w.published.Ids = append(w.published.Ids, r.Row.ID)
@@ -221,6 +229,7 @@ func sortResults(batch []Result) *writes {
 			w.published.Seqs = append(w.published.Seqs, 0) // the row keeps its last publish's
 			w.published.Waits = append(w.published.Waits, r.Delay)
 			w.published.Unread = append(w.published.Unread, true)
+			w.published.Repeats = append(w.published.Repeats, false)
 		case outbox.OutcomeReleased:
 			w.releases.Ids = append(w.releases.Ids, r.Row.ID)
 			w.releases.LeaseTokens = append(w.releases.LeaseTokens, r.Row.LeaseToken)

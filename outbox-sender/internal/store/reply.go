@@ -258,6 +258,14 @@ func (s *Store) PurgeReplies(ctx context.Context, retention time.Duration, batch
 	})
 }
 
+// PurgeParked forgets parked replies older than retention, batch at a
+// time, and returns how many it forgot.
+func (s *Store) PurgeParked(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
+	return database.DeleteInBatches(ctx, s.timeout, batch, "purge parked replies", func(ctx context.Context) (int64, error) {
+		return s.q.PurgeParkedReplies(ctx, s.pool, outboxdb.PurgeParkedRepliesParams{Retention: retention, BatchSize: batch})
+	})
+}
+
 // ParkedReply is a reply the sender could not read, as parked_replies
 // keeps it for an operator: where the broker held it, what it carried, and
 // why it was parked. The broker transport fills it in (its fields are
@@ -267,7 +275,8 @@ type ParkedReply struct {
 	Sequence   uint64 // in its stream
 	Subject    string
 	Headers    []byte // JSON
-	Data       []byte
+	Data       []byte // its first bytes
+	Size       int    // the whole data's size
 	Reason     string
 	Deliveries int
 }
@@ -281,7 +290,8 @@ func (s *Store) ParkReply(ctx context.Context, p ParkedReply) error {
 	err := s.q.ParkReply(ctx, s.pool, outboxdb.ParkReplyParams{
 		Stream: p.Stream, StreamSequence: int64(p.Sequence), //nolint:gosec // a stream sequence, far below 2^63
 		Subject: p.Subject, Headers: p.Headers, Data: p.Data, Reason: p.Reason,
-		Deliveries: int32(p.Deliveries), //nolint:gosec // the transport bounds it (natsbus.ParkedOf)
+		Size:       int32(min(p.Size, 1<<31-1)), //nolint:gosec // bounded here
+		Deliveries: int32(p.Deliveries),         //nolint:gosec // the transport bounds it (natsbus.ParkedOf)
 	})
 	if err != nil {
 		return database.Classify(fmt.Errorf("park reply: %w", err))

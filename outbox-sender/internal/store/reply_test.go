@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -122,4 +123,22 @@ func TestApplyRepliesRecordWhatEachDid(t *testing.T) {
 	require.Equal(t, []string{"dead/refused", "delivered"}, history(e), "in the order the replies came")
 	require.Equal(t, []string{"delivered"}, history(f))
 	require.Empty(t, history(g))
+}
+
+// TestParkedRepliesArePurged: a parked reply is kept with its size, and
+// forgotten once older than the retention, as the sender's own role.
+func TestParkedRepliesArePurged(t *testing.T) {
+	t.Parallel()
+	pool, s, _ := newStore(t, 0)
+	ctx := context.Background()
+	for seq := range uint64(3) {
+		require.NoError(t, s.ParkReply(ctx, ParkedReply{Stream: "USERS_REPLIES", Sequence: seq + 1, Subject: "s",
+			Headers: []byte(`{}`), Data: []byte("start"), Size: 1 << 20, Reason: "unreadable", Deliveries: 5}))
+	}
+	_, err := pool.Exec(ctx, "UPDATE parked_replies SET parked_at = now() - interval '31 days' WHERE stream_sequence <= 2")
+	require.NoError(t, err)
+	n, err := s.PurgeParked(ctx, 30*24*time.Hour, 1)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "both old ones, a batch of one at a time")
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM parked_replies WHERE stream_sequence = 3 AND size = 1048576"))
 }

@@ -60,6 +60,11 @@ type Row struct {
 	// PublishedAgo is how long ago the broker took that command, by the
 	// database's clock.
 	PublishedAgo time.Duration
+	// Publishes counts the publishes recorded for the row (and its
+	// redrives): the broker transport names its next publish's message
+	// id by it, so that a publish meant to reach Users is never dropped
+	// as a repeat of the last.
+	Publishes int
 	// LeaseEnds is when the claim's lease runs out at the latest, by the
 	// sender's own clock (the claim's start plus SENDER_LEASE); the engine
 	// sets it. The zero time: unknown.
@@ -132,6 +137,7 @@ type claimRow struct {
 	Expired        bool
 	ExpiresAt      time.Time
 	PublishedSeq   int64
+	Publishes      int32
 	PublishedAgo   time.Duration
 }
 
@@ -140,7 +146,7 @@ func fromClaim(r claimRow) Row {
 		ID: r.ID, StudentID: r.StudentID, IdempotencyKey: r.IdempotencyKey, Operation: r.Operation,
 		Payload: r.Payload, Attempts: int(r.Attempts), LeaseToken: r.LeaseToken, CreatedAt: r.CreatedAt,
 		TraceParent: r.TraceParent.String, Expired: r.Expired, ExpiresAt: r.ExpiresAt,
-		PublishedSeq: uint64(max(r.PublishedSeq, 0)), PublishedAgo: r.PublishedAgo,
+		PublishedSeq: uint64(max(r.PublishedSeq, 0)), PublishedAgo: r.PublishedAgo, Publishes: int(r.Publishes),
 	}
 }
 

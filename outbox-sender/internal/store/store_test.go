@@ -336,3 +336,55 @@ func TestClaimAndRecordRunOnGenericPlans(t *testing.T) {
 		require.Equal(t, int64(8), generic, "%s: generic plans", name)
 	}
 }
+
+// TestPublishesAreCountedNotRepeats: a recorded publish counts in
+// publishes (which names the next publish's message id) and as an
+// attempt; a repeat the broker dropped counts in publishes but not as an
+// attempt; an unread row counts in neither. An unsent retry gives back its
+// attempt.
+func TestPublishesAreCountedNotRepeats(t *testing.T) {
+	t.Parallel()
+	pool, st, _ := newStore(t, 1)
+	ctx := context.Background()
+	claim := func() Row {
+		t.Helper()
+		_, err := pool.Exec(ctx, "UPDATE outbox SET available_at = now()")
+		require.NoError(t, err)
+		rows, err := st.ClaimDue(ctx, lease, 1)
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		return rows[0]
+	}
+	record := func(r Result) {
+		t.Helper()
+		rec, err := st.Record(ctx, lease, []Result{r})
+		require.NoError(t, err)
+		require.True(t, rec.Applied[r.Row.ID])
+	}
+	counts := func() (attempts, publishes int) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, "SELECT attempts, publishes FROM outbox").Scan(&attempts, &publishes))
+		return attempts, publishes
+	}
+	row := claim()
+	require.Zero(t, row.Publishes)
+	record(Result{Row: row, Outcome: outbox.OutcomePublished, Seq: 7, Delay: time.Minute})
+	a, p := counts()
+	require.Equal(t, [2]int{1, 1}, [2]int{a, p}, "a publish: an attempt, and the next message id's count")
+
+	row = claim()
+	require.Equal(t, 1, row.Publishes, "the claim says how many publishes were recorded")
+	record(Result{Row: row, Outcome: outbox.OutcomePublished, Seq: 7, Repeat: true, Delay: time.Minute})
+	a, p = counts()
+	require.Equal(t, [2]int{1, 2}, [2]int{a, p}, "a repeat the broker dropped: no attempt")
+
+	row = claim()
+	record(Result{Row: row, Outcome: outbox.OutcomeUnread, Delay: time.Minute})
+	a, p = counts()
+	require.Equal(t, [2]int{1, 2}, [2]int{a, p}, "unread: neither")
+
+	row = claim()
+	record(Result{Row: row, Outcome: outbox.OutcomeRetry, Class: outbox.ReasonBrokerUnreachable, Error: "no connection", Unsent: true, Delay: time.Minute})
+	a, p = counts()
+	require.Equal(t, [2]int{1, 2}, [2]int{a, p}, "unsent: no attempt")
+}

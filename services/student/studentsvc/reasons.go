@@ -26,7 +26,8 @@ var reasonMessages = map[string]string{
 	outbox.ReasonUsersUnavailable:  "Users unavailable, retrying",
 	outbox.ReasonKeyInProgress:     "Users is still processing this request, retrying",
 	// Users refused the sender's credentials: a misconfiguration, retried.
-	outbox.ReasonUsersAuthRefused: "Delayed by a configuration problem between the services, retrying",
+	outbox.ReasonUsersAuthRefused:  "Delayed by a configuration problem between the services, retrying",
+	outbox.ReasonBrokerAuthRefused: "Delayed by a configuration problem between the services, retrying",
 	// A stray answer is retried; a 2xx without a user id is given up on.
 	outbox.ReasonUnexpectedAnswer: "Unexpected answer from Users",
 	// The sender gave up on these; an operator decides what happens next.

@@ -16,6 +16,7 @@ import (
 // broker is Users' side of the broker transport: the consumer of commands
 // and the relay of their answers, on one connection as Users' NATS user.
 type broker struct {
+	server   *Server
 	log      *slog.Logger
 	conn     natsbus.Config
 	commands *commands
@@ -29,8 +30,9 @@ type broker struct {
 func newBroker(s *Server, cfg Config, conn natsbus.Config) *broker {
 	log := s.log.With(slog.String("nats_user", conn.User))
 	wake := make(chan struct{}, 1)
+	conn.OnLoginRefused = s.metrics.brokerAuthFailures.Inc
 	return &broker{
-		log: log, conn: conn, timeout: cfg.DatabaseTimeout,
+		server: s, log: log, conn: conn, timeout: cfg.DatabaseTimeout,
 		commands: &commands{
 			log: log, store: s.store, metrics: s.metrics, caller: cfg.NATSCaller,
 			maxDeliveries: cfg.CommandMaxDeliveries, concurrency: commandConcurrency,
@@ -57,12 +59,14 @@ func (b *broker) part() service.Part {
 // finishes the commands in flight, relays what they answered, and closes
 // the connection.
 func (b *broker) run(ctx context.Context) error {
-	nc, err := natsbus.Connect(b.conn)
+	// The server's own logger: the connection names the NATS user itself.
+	nc, err := natsbus.Connect(b.server.log, b.conn)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(b.timeout))
+	b.server.broker.Store(nc)
+	js, err := jetstream.New(nc.Conn, jetstream.WithPublishAsyncTimeout(b.timeout))
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}

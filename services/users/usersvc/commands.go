@@ -84,14 +84,13 @@ func (c *commands) run(ctx context.Context, js jetstream.JetStream) error {
 		if err != nil {
 			return nil // ctx ended while waiting for the broker: a stop, not a failure
 		}
+		// No more fetched than can be worked on: a fetched message waits
+		// for a free slot, and one left in the buffer at shutdown waits
+		// AckWait to be delivered again.
 		cc, err := cons.Consume(func(msg jetstream.Msg) { w.start(msg, c.handle) },
-			// No more fetched than can be worked on: a fetched message
-			// waits for a free slot, and one left in the buffer at
-			// shutdown waits AckWait to be delivered again.
-			jetstream.PullMaxMessages(c.concurrency),
-			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			append(natsbus.PullOptions(c.concurrency), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 				warn("broker: reading commands failed; retrying", err)
-			}))
+			}))...)
 		if err != nil {
 			return fmt.Errorf("consume commands: %w", err)
 		}

@@ -4,8 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
+	"regexp"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -56,10 +60,10 @@ func newBrokerEnv(t *testing.T, cfg Config, tweak func(*broker)) brokerEnv {
 	}
 	apitest.Start(t, b.run)
 
-	nc, err := natsbus.Connect(srv.Config(natsbus.SenderUser, "sender-test"))
+	nc, err := natsbus.Connect(slog.New(slog.DiscardHandler), srv.Config(natsbus.SenderUser, "sender-test"))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
-	sender, err := jetstream.New(nc)
+	sender, err := jetstream.New(nc.Conn)
 	require.NoError(t, err)
 	_, admin := srv.Admin(t)
 	return brokerEnv{env: e, broker: b, sender: sender, admin: admin}
@@ -366,6 +370,54 @@ func TestRunServesWhileBrokerIsDown(t *testing.T) {
 	res := apitest.Do(t, http.MethodPost, "http://"+addr+"/users", ada, "Idempotency-Key", "k-1", "Authorization", "Bearer "+senderToken)
 	require.Equal(t, http.StatusCreated, res.Status, "%s", res.Body)
 	require.NoError(t, stop())
+}
+
+// TestRunSaysTheBrokerRefusesItsLogin: with a wrong USERS_NATS_PASSWORD,
+// Users is not ready and says why (the broker refuses its NATS login, not
+// that the broker is down), counts the refusals, and logs an error naming
+// its NATS user. A broker that is merely down leaves it ready
+// (TestRunServesWhileBrokerIsDown).
+func TestRunSaysTheBrokerRefusesItsLogin(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	srv := natsserver.ForTest(t)
+	addr, admin := apitest.FreeAddr(t), apitest.FreeAddr(t)
+	env := apitest.Env("USERS_DATABASE_URL", e.app.Config().ConnString(), "USERS_HTTP_ADDR", addr, "USERS_ADMIN_ADDR", admin,
+		"USERS_API_TOKENS", "outbox-sender:"+senderToken,
+		"USERS_NATS_URL", srv.URL, "USERS_NATS_PASSWORD", "not-users-password")
+	var logs apitest.Logs
+	apitest.Start(t, func(ctx context.Context) error { return Run(ctx, nil, env, &logs) })
+	// Polled until the listener is up and the broker has refused a login.
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + admin + path)
+		if err != nil {
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	var body string
+	require.Eventually(t, func() bool {
+		var status int
+		status, body = get("/readyz")
+		return status == http.StatusServiceUnavailable && strings.Contains(body, `"broker":"down"`)
+	}, wait, 20*time.Millisecond, "readiness names the broker")
+	require.Contains(t, body, "the broker refuses Users' NATS login (user users): check USERS_NATS_PASSWORD")
+	require.Eventually(t, func() bool {
+		_, m := get("/metrics")
+		return regexp.MustCompile(`(?m)^users_broker_auth_failures_total [1-9]`).MatchString(m)
+	}, wait, 20*time.Millisecond, "the refusal counted")
+	var line map[string]any
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(l, "the broker refuses this process's NATS login") {
+			require.NoError(t, json.Unmarshal([]byte(l), &line))
+			break
+		}
+	}
+	require.NotNil(t, line, "an error line says the login is refused: %s", logs.String())
+	require.Equal(t, "ERROR", line["level"])
+	require.Equal(t, natsbus.UsersUser, line["nats_user"])
 }
 
 // TestBrokerConfig: the broker's variables, their defaults, and mistakes

@@ -16,7 +16,9 @@ type Config struct {
 	LogLevel       string        // LOG_LEVEL
 	InboxRetention time.Duration // USERS_INBOX_RETENTION
 	PurgeInterval  time.Duration // USERS_INBOX_PURGE_INTERVAL
-	KeyWait        time.Duration // USERS_IDEMPOTENCY_WAIT
+	// ParkedRetention is how long a command Users parked is kept.
+	ParkedRetention time.Duration // USERS_PARKED_RETENTION
+	KeyWait         time.Duration // USERS_IDEMPOTENCY_WAIT
 	// DatabaseTimeout is the deadline of every transaction and read, and
 	// the server's statement_timeout on Users' connections.
 	DatabaseTimeout time.Duration // USERS_DATABASE_TIMEOUT
@@ -76,6 +78,9 @@ func LoadConfig(getenv func(string) string) (Config, *envconfig.Reader, error) {
 		LogLevel:          e.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		InboxRetention:    e.Duration("USERS_INBOX_RETENTION", 7*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		PurgeInterval:     e.Duration("USERS_INBOX_PURGE_INTERVAL", 10*time.Minute, time.Second, 24*time.Hour),
+		// Long enough to be seen after a holiday; a person reads a parked
+		// command, nothing else does.
+		ParkedRetention: e.Duration("USERS_PARKED_RETENTION", 30*24*time.Hour, time.Minute, 10*365*24*time.Hour),
 		// The wait is shorter than the sender's SENDER_REQUEST_TIMEOUT (5s),
 		// so that the sender gets the 409 and its Retry-After instead of
 		// giving up first (the compose test checks the pair).

@@ -4,9 +4,11 @@
 package usersvc
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -17,6 +19,7 @@ import (
 	"github.com/outboxref/outboxref/internal/crashpoint"
 	"github.com/outboxref/outboxref/internal/httpapi"
 	"github.com/outboxref/outboxref/internal/inbox"
+	"github.com/outboxref/outboxref/internal/natsbus"
 	"github.com/outboxref/outboxref/internal/person"
 	"github.com/outboxref/outboxref/services/users/internal/store"
 )
@@ -35,6 +38,26 @@ type Server struct {
 	observe  func(http.Handler) http.Handler
 	// adminHosts are the host names the admin listener answers to.
 	adminHosts []string
+	// broker is the connection of Users' broker side (USERS_NATS_URL),
+	// once it has one: readiness asks it whether the broker refuses
+	// Users' login.
+	broker atomic.Pointer[natsbus.Conn]
+}
+
+// ready is /readyz's probe: the database answers, and the broker, if
+// Users reads commands from one, does not refuse its login. A broker that
+// is merely down is not a reason: its commands wait in the stream.
+func (s *Server) ready(ctx context.Context) error {
+	if err := s.store.Ping(ctx); err != nil {
+		return err
+	}
+	if nc := s.broker.Load(); nc != nil {
+		if err := nc.LoginRefused(); err != nil {
+			return &httpapi.NotReadyError{Dependency: "broker",
+				Says: "the broker refuses Users' NATS login (user " + natsbus.UsersUser + "): check USERS_NATS_PASSWORD", Err: err}
+		}
+	}
+	return nil
 }
 
 // Challenge is the WWW-Authenticate header of Users' 401 answers.
@@ -44,7 +67,7 @@ const Challenge = `Bearer realm="users"`
 // callers only, and refuses anyone else before reading a byte of the body;
 // the health routes stay open, for the orchestrator.
 func (s *Server) Routes() http.Handler {
-	r := httpapi.NewRouter(s.log, s.store.Ping)
+	r := httpapi.NewRouter(s.log, s.ready)
 	r.Group(func(r chi.Router) {
 		r.Use(httpapi.Authenticate(s.auth, Challenge))
 		r.Post("/users", httpapi.Handle(s.createUser))
@@ -58,7 +81,7 @@ func (s *Server) Routes() http.Handler {
 // orchestrator and the scraper, not the API's callers). /metrics reads no
 // database, so it answers while it is down.
 func (s *Server) AdminRoutes() http.Handler {
-	r := httpapi.NewAdminRouter(s.log, s.store.Ping, "USERS_ADMIN_ALLOWED_HOSTS", s.adminHosts)
+	r := httpapi.NewAdminRouter(s.log, s.ready, "USERS_ADMIN_ALLOWED_HOSTS", s.adminHosts)
 	httpapi.MetricsRoute(r, s.log, s.registry)
 	return r
 }

@@ -51,6 +51,9 @@ type metrics struct {
 	// published counts those the broker acknowledged.
 	unpublished prometheus.Gauge
 	published   prometheus.Counter
+	// brokerAuthFailures counts the broker's refusals of Users' NATS
+	// login: a misconfiguration, and Users reads no command meanwhile.
+	brokerAuthFailures prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -72,6 +75,10 @@ func newMetrics() *metrics {
 		Name: "users_answers_published_total",
 		Help: "Answers the reply stream acknowledged.",
 	})
+	m.brokerAuthFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "users_broker_auth_failures_total",
+		Help: "Times the broker refused Users' NATS login (USERS_NATS_PASSWORD): a misconfiguration, alert on any increase.",
+	})
 	// Every series exists from the start, so a rate over a fresh process
 	// reads 0 rather than nothing.
 	for _, o := range []string{OutcomeCreated, OutcomeRefused, OutcomeReplayed, OutcomeMismatch, OutcomeInProgress} {
@@ -84,7 +91,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.inbox, m.commands, m.unpublished, m.published}
+	return []prometheus.Collector{m.inbox, m.commands, m.unpublished, m.published, m.brokerAuthFailures}
 }
 
 // countCreate counts what one call of the store's CreateUser did. A new

@@ -48,8 +48,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 				service.Server(log, "api", "USERS_HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPMaxConns, s.Routes()),
 				service.Server(log, "admin", "USERS_ADMIN_ADDR", cfg.AdminAddr, cfg.AdminMaxConns, s.AdminRoutes()),
 				{Name: "inbox purge", Run: purge},
-				{Name: "answer purge", Run: func(ctx context.Context) error {
-					s.purgeAnswers(ctx, cfg.InboxRetention, cfg.PurgeInterval)
+				{Name: "answer and parked command purge", Run: func(ctx context.Context) error {
+					s.purgeAnswers(ctx, cfg.InboxRetention, cfg.ParkedRetention, cfg.PurgeInterval)
 					return nil
 				}},
 			}
@@ -74,10 +74,11 @@ func NewServer(log *slog.Logger, pool *pgxpool.Pool, cfg Config) *Server {
 	}
 }
 
-// purgeAnswers deletes published answers older than retention every
-// interval until ctx ends: an answer is kept as long as the key it answers
-// is remembered.
-func (s *Server) purgeAnswers(ctx context.Context, retention, interval time.Duration) {
+// purgeAnswers deletes published answers older than retention, and
+// parked commands older than parkedRetention, every interval until ctx
+// ends: an answer is kept as long as the key it answers is remembered, a
+// parked command as long as a person may still want to read it.
+func (s *Server) purgeAnswers(ctx context.Context, retention, parkedRetention, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -87,6 +88,13 @@ func (s *Server) purgeAnswers(ctx context.Context, retention, interval time.Dura
 			s.log.Error("answer purge failed", slog.String("error", err.Error()))
 		case n > 0:
 			s.log.Info("answers purged", slog.Int64("rows", n), slog.Duration("retention", retention))
+		}
+		n, err = s.store.PurgeParked(ctx, parkedRetention, 1000)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.log.Error("parked commands purge failed", slog.String("error", err.Error()))
+		case n > 0:
+			s.log.Info("parked commands purged", slog.Int64("rows", n), slog.Duration("retention", parkedRetention))
 		}
 		select {
 		case <-ctx.Done():

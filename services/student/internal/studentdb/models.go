@@ -49,6 +49,7 @@ type Outbox struct {
 	KeyMintedAt           time.Time
 	PublishedAt           pgtype.Timestamptz
 	PublishedSeq          pgtype.Int8
+	Publishes             int32
 }
 
 type OutboxEvent struct {
@@ -73,6 +74,7 @@ type ParkedReply struct {
 	Reason         string
 	Deliveries     int32
 	ParkedAt       time.Time
+	Size           int32
 }
 
 type ReplyInbox struct {

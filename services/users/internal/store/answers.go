@@ -192,6 +192,14 @@ func (s *Store) PurgeAnswers(ctx context.Context, retention time.Duration, batch
 	})
 }
 
+// PurgeParked deletes parked commands older than retention, batch rows
+// per statement, and returns how many it deleted.
+func (s *Store) PurgeParked(ctx context.Context, retention time.Duration, batch int32) (int64, error) {
+	return database.DeleteInBatches(ctx, s.timeout, batch, "purge parked commands", func(ctx context.Context) (int64, error) {
+		return s.q.PurgeParkedCommands(ctx, s.pool, usersdb.PurgeParkedCommandsParams{Retention: retention, BatchSize: batch})
+	})
+}
+
 // ParkedCommand is a command Users could not read, kept for an operator.
 type ParkedCommand = natsbus.Parked
 
@@ -203,7 +211,8 @@ func (s *Store) Park(ctx context.Context, c ParkedCommand) error {
 	err := s.q.ParkCommand(ctx, s.pool, usersdb.ParkCommandParams{
 		Stream: c.Stream, StreamSequence: int64(c.Sequence), //nolint:gosec // a stream sequence, far below 2^63
 		Subject: c.Subject, Headers: c.Headers, Data: c.Data, Reason: c.Reason,
-		Deliveries: int32(c.Deliveries), //nolint:gosec // natsbus.ParkedOf bounds it
+		Size:       int32(min(c.Size, 1<<31-1)), //nolint:gosec // bounded here
+		Deliveries: int32(c.Deliveries),         //nolint:gosec // natsbus.ParkedOf bounds it
 	})
 	if err != nil {
 		return database.Classify(fmt.Errorf("park command: %w", err))

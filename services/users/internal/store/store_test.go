@@ -175,3 +175,23 @@ func TestRelayMarksWhatASlowBrokerAcknowledged(t *testing.T) {
 	require.Equal(t, 1, published)
 	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM answers WHERE published_at IS NULL"))
 }
+
+// TestParkedCommandsArePurged: a parked command is kept with its size,
+// and forgotten once older than the retention, as Users' own role.
+func TestParkedCommandsArePurged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.URL(t, migrations.Users)
+	admin := pgtest.Connect(t, dbURL)
+	s := New(pgtest.ConnectAs(t, dbURL, migrations.UsersApp), time.Second, 4*time.Second)
+	for seq := range uint64(3) {
+		require.NoError(t, s.Park(ctx, ParkedCommand{Stream: "USERS_COMMANDS", Sequence: seq + 1, Subject: "s",
+			Headers: []byte(`{}`), Data: []byte("start"), Size: 1 << 20, Reason: "not JSON", Deliveries: 5}))
+	}
+	_, err := admin.Exec(ctx, "UPDATE parked_commands SET parked_at = now() - interval '31 days' WHERE stream_sequence <= 2")
+	require.NoError(t, err)
+	n, err := s.PurgeParked(ctx, 30*24*time.Hour, 1)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "both old ones, a batch of one at a time")
+	require.Equal(t, 1, apitest.Count(t, admin, "SELECT count(*) FROM parked_commands WHERE stream_sequence = 3 AND size = 1048576"))
+}

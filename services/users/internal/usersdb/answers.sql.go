@@ -111,8 +111,8 @@ func (q *Queries) MarkAnswersPublished(ctx context.Context, db DBTX, ids []int64
 }
 
 const ParkCommand = `-- name: ParkCommand :exec
-INSERT INTO parked_commands (stream, stream_sequence, subject, headers, data, reason, deliveries)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO parked_commands (stream, stream_sequence, subject, headers, data, size, reason, deliveries)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (stream, stream_sequence) DO NOTHING
 `
 
@@ -122,6 +122,7 @@ type ParkCommandParams struct {
 	Subject        string
 	Headers        []byte
 	Data           []byte
+	Size           int32
 	Reason         string
 	Deliveries     int32
 }
@@ -133,10 +134,37 @@ func (q *Queries) ParkCommand(ctx context.Context, db DBTX, arg ParkCommandParam
 		arg.Subject,
 		arg.Headers,
 		arg.Data,
+		arg.Size,
 		arg.Reason,
 		arg.Deliveries,
 	)
 	return err
+}
+
+const PurgeParkedCommands = `-- name: PurgeParkedCommands :execrows
+DELETE FROM parked_commands
+WHERE (stream, stream_sequence) IN (
+    SELECT stream, stream_sequence FROM parked_commands
+    WHERE parked_at < now() - $1::interval
+    ORDER BY parked_at
+    LIMIT $2
+)
+`
+
+type PurgeParkedCommandsParams struct {
+	Retention time.Duration
+	BatchSize int32
+}
+
+// Forgets parked commands older than the retention, oldest first. No FOR
+// UPDATE: nothing updates a parked command, and the role has no need of
+// the privilege; two purges at once only wait for each other.
+func (q *Queries) PurgeParkedCommands(ctx context.Context, db DBTX, arg PurgeParkedCommandsParams) (int64, error) {
+	result, err := db.Exec(ctx, PurgeParkedCommands, arg.Retention, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const PurgePublishedAnswers = `-- name: PurgePublishedAnswers :execrows
