@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -39,6 +40,8 @@ var brokerScenarios = []scenarioDef{
 		opts: scenarioOptions{senders: 1, transport: transportNATS}, run: brokerPoisonCommand},
 	{id: "b8-broker-cluster-node-lost", title: "a three-node cluster with replicated streams; one node killed (SIGKILL) under load, restarted",
 		opts: scenarioOptions{senders: 1, transport: transportNATS, brokerNodes: 3}, run: brokerNodeLost},
+	{id: "b10-broker-consumer-leader-lost", title: "a three-node cluster; the node leading Users' command consumer killed (SIGKILL) under load: Users reads again within seconds of a new leader",
+		opts: scenarioOptions{senders: 1, transport: transportNATS, brokerNodes: 3}, run: brokerConsumerLeaderLost},
 	{id: "b9-broker-cut-off-from-sender", title: "the broker unreachable from the sender alone for a while under load; Users still reads and answers",
 		opts: scenarioOptions{senders: 1, transport: transportNATS, senderBrokerProxy: true}, run: brokerCutOffFromSender},
 	{id: "b5-broker-down", title: "the broker stopped for a while under load, then restarted with its data",
@@ -296,11 +299,11 @@ func brokerTwoUsers(s *scenario) {
 // and terminates it on the stream; nothing behind it waits for it.
 func brokerPoisonCommand(s *scenario) {
 	l := s.startLoad(200, 4*time.Second)
-	nc, err := natsbus.Connect(natsbus.Config{URL: s.brokerURL, User: natsbus.SenderUser,
+	nc, err := natsbus.Connect(slog.New(slog.DiscardHandler), natsbus.Config{URL: s.brokerURL, User: natsbus.SenderUser,
 		Password: s.brokerPasswords[natsbus.SenderUser], Name: "e2e poison"})
 	require.NoError(s.t, err)
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc.Conn)
 	require.NoError(s.t, err)
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 	defer cancel()
@@ -336,4 +339,117 @@ func brokerNodeLost(s *scenario) {
 	s.startProc(node)
 	s.note("broker node n1 restarted on its data after 3s")
 	l.wait(time.Minute)
+}
+
+// maxConsumerStall is the longest Users may read no command after the node
+// leading its consumer dies, a new leader elected within seconds: a
+// reader pulls again within natsbus.PullExpiry of losing the old one.
+// Before, the client's 30-second heartbeat check decided, and every such
+// loss cost 30 seconds.
+const maxConsumerStall = 15 * time.Second
+
+// b10. The node that leads Users' durable consumer (each consumer of a
+// replicated stream has a leader of its own) is killed with SIGKILL under
+// load. Its pull requests die with it. The stall is the longest gap
+// between two commands Users committed around the kill, while students
+// keep arriving; the same for the replies the sender applied. Both must
+// be seconds, not the half-minute a missed heartbeat used to take.
+func brokerConsumerLeaderLost(s *scenario) {
+	l := s.startLoad(400, 12*time.Second)
+	s.sleep(2000*time.Millisecond, 2500*time.Millisecond)
+	leader, err := s.consumerLeader(natsbus.CommandStream, natsbus.UsersConsumer)
+	if err != nil {
+		s.violate("find the leader of Users' consumer: %v", err)
+		l.wait(time.Minute)
+		return
+	}
+	var node *proc
+	var others []string
+	for i, n := range s.brokerNodes {
+		if n.name == "nats-"+leader {
+			node = n
+		} else {
+			others = append(others, strings.Split(s.brokerURL, ",")[i])
+		}
+	}
+	if node == nil {
+		s.violate("no broker node is named %q, the leader of Users' consumer", leader)
+		l.wait(time.Minute)
+		return
+	}
+	// Users moves to the other nodes first: a reader connected to the
+	// dying leader notices its connection drop and pulls again at once;
+	// one connected elsewhere, whose pulls the leader served through the
+	// cluster, hears nothing, the case that stalled.
+	for i, kv := range s.users.env {
+		if strings.HasPrefix(kv, "USERS_NATS_URL=") {
+			s.users.env[i] = "USERS_NATS_URL=" + strings.Join(others, ",")
+		}
+	}
+	if st, inTime := s.users.stop(10 * time.Second); !inTime || !st.Success() {
+		s.violate("Users did not shut down cleanly within 10s of SIGTERM (%v)", st)
+	}
+	s.startProc(s.users)
+	s.sleep(1000*time.Millisecond, 1500*time.Millisecond)
+	if !node.killGroup() {
+		s.violate("the node %q leading Users' consumer was not running to be killed", leader)
+		l.wait(time.Minute)
+		return
+	}
+	killed := time.Now()
+	s.note("Users restarted on the other nodes; broker node %s, the leader of Users' command consumer, killed (SIGKILL) under load", leader)
+	l.wait(time.Minute)
+	s.startProc(node)
+	s.note("broker node %s restarted on its data", leader)
+	window := func(table, column string) time.Duration {
+		// The longest gap between consecutive rows in the 30 seconds
+		// from 2 seconds before the kill, as the database's clock has it.
+		var gap float64
+		q := fmt.Sprintf(`SELECT COALESCE(max(g), 0) FROM (
+			SELECT extract(epoch FROM %[2]s - lag(%[2]s) OVER (ORDER BY %[2]s)) AS g FROM %[1]s
+			WHERE %[2]s BETWEEN $1::timestamptz - interval '2 seconds' AND $1::timestamptz + interval '30 seconds') t`, table, column)
+		pool := s.usersDB
+		if table == "reply_inbox" {
+			pool = s.studentDB
+		}
+		if err := pool.QueryRow(s.ctx, q, killed).Scan(&gap); err != nil {
+			s.violate("measure the gap in %s: %v", table, err)
+		}
+		return time.Duration(gap * float64(time.Second))
+	}
+	commands, replies := window("inbox", "created_at"), window("reply_inbox", "received_at")
+	s.note("around the kill, the longest time Users committed no command: %s; the sender applied no reply: %s",
+		commands.Round(10*time.Millisecond), replies.Round(10*time.Millisecond))
+	if commands > maxConsumerStall {
+		s.violate("Users read no command for %s after the leader of its consumer died (at most %s)", commands.Round(time.Millisecond), maxConsumerStall)
+	}
+	if replies > maxConsumerStall {
+		s.violate("the sender applied no reply for %s after the node died (at most %s)", replies.Round(time.Millisecond), maxConsumerStall)
+	}
+}
+
+// consumerLeader names the node leading a durable consumer, as the
+// broker's admin sees it.
+func (s *scenario) consumerLeader(stream, consumer string) (string, error) {
+	nc, err := natsbus.Connect(slog.New(slog.DiscardHandler), natsbus.Config{URL: s.brokerURL, User: natsserver.AdminUser,
+		Password: s.brokerPasswords[natsserver.AdminUser], Name: "e2e leader lookup"})
+	if err != nil {
+		return "", err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc.Conn)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+	defer cancel()
+	cons, err := js.Consumer(ctx, stream, consumer)
+	if err != nil {
+		return "", err
+	}
+	info := cons.CachedInfo()
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		return "", fmt.Errorf("consumer %s on %s has no leader", consumer, stream)
+	}
+	return info.Cluster.Leader, nil
 }
