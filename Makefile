@@ -38,7 +38,7 @@ test:
 e2e:
 	$(GO) test -tags e2e -count=1 -timeout 20m -v ./e2e/
 
-## model: SPIN checks the delivery protocol's model: each property holds, each mutation breaks one (about a minute; needs spin and gcc)
+## model: SPIN checks the delivery protocol's two models, the HTTP hop and the broker's: each property holds, each mutation breaks one (about four and a half minutes; needs spin and gcc)
 model:
 	$(GO) run ./model/check
 

@@ -62,7 +62,13 @@ func TestModelPageListsEveryMutation(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range model.Mutations {
+	var mutations []model.Mutation
+	var properties []model.Property
+	for _, m := range model.Models {
+		mutations = append(mutations, m.Mutations...)
+		properties = append(properties, m.Properties...)
+	}
+	for _, m := range mutations {
 		row, ok := rows[m.Name]
 		require.Truef(t, ok, "docs/model.md has no row for the mutation %s", m.Name)
 		require.Containsf(t, row, "| `"+m.Breaks+"` |", "mutation %s breaks %s", m.Name, m.Breaks)
@@ -75,7 +81,7 @@ func TestModelPageListsEveryMutation(t *testing.T) {
 			require.Containsf(t, row, "e2e/testdata/broken/"+m.Broken+".patch", "mutation %s is mirrored by %s", m.Name, m.Broken)
 		}
 	}
-	for _, p := range model.Properties {
+	for _, p := range properties {
 		require.Containsf(t, rows, p.Name, "docs/model.md has no row for the property %s", p.Name)
 	}
 }

@@ -18,22 +18,42 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
-//go:embed outbox.pml
-var spec []byte
+var (
+	//go:embed outbox.pml
+	httpSpec []byte
+	//go:embed broker.pml
+	brokerSpec []byte
+)
+
+// A Model is one Promela model with its properties and mutations: the
+// HTTP hop (outbox.pml) and the broker's (broker.pml).
+type Model struct {
+	Name       string // "http" or "broker", in job labels
+	File       string // the .pml file
+	spec       []byte
+	Properties []Property
+	Mutations  []Mutation
+}
 
 // A Property is one of the model's ltl formulas.
 type Property struct {
-	Name     string // the ltl's name in outbox.pml
+	Name     string // the ltl's name in the model's file
 	Says     string // what it means, in a line
 	Liveness bool   // checked for acceptance cycles, not for a bad state
+	// Fair: checked under weak fairness (every process that stays able
+	// to move eventually moves). The broker's hold on an unread command
+	// does not count as an attempt, so a run in which Users never takes
+	// its turn loops for ever; the real Users is scheduled.
+	Fair bool
 }
 
-// Properties are what the protocol must keep.
+// Properties are what the protocol must keep over HTTP.
 var Properties = []Property{
 	{Name: "one_user", Says: "at most one user per operation"},
 	{Name: "right_user", Says: "a linked student holds a user created under its own key"},
@@ -53,7 +73,7 @@ type Mutation struct {
 	Broken string
 }
 
-// Mutations are the pieces of the pattern, each shown to matter.
+// Mutations are the pieces of the HTTP pattern, each shown to matter.
 var Mutations = []Mutation{
 	{Name: "new-key-each-attempt", Says: "the sender mints a new idempotency key for each attempt",
 		Defines: []string{"NEW_KEY_EACH_ATTEMPT"}, Breaks: "no_orphan"},
@@ -79,9 +99,44 @@ var Mutations = []Mutation{
 		Defines: []string{"SEND_AFTER_LEASE"}, Breaks: "no_orphan"},
 }
 
-// PropertyNamed returns the property called name.
-func PropertyNamed(name string) (Property, bool) {
-	for _, p := range Properties {
+// BrokerProperties are what the protocol must keep over the broker: the
+// HTTP hop's, and what the broker's own steps promise.
+var BrokerProperties = []Property{
+	{Name: "one_user", Says: "at most one user per operation"},
+	{Name: "right_user", Says: "a linked student holds a user created under its own key"},
+	{Name: "no_orphan", Says: "no row is settled while a user made for its student is someone else's or nobody's"},
+	{Name: "settles", Says: "every row ends linked or dead once the faults are spent", Liveness: true, Fair: true},
+	{Name: "redrive_reaches", Says: "a redrive reaches Users: no publish after it is dropped as a copy of one before it"},
+	{Name: "no_lost_command", Says: "a row waits as published only for a command held unread, or whose answer Users committed"},
+	{Name: "reply_once", Says: "a reply settles its row once, however often the broker delivers it"},
+}
+
+// BrokerMutations are the pieces of the broker's hop, each shown to matter.
+var BrokerMutations = []Mutation{
+	{Name: "ack-before-commit", Says: "Users acknowledges a command before its commit",
+		Defines: []string{"ACK_BEFORE_COMMIT"}, Breaks: "no_lost_command"},
+	{Name: "answer-outside-tx", Says: "Users writes the answer row outside the user's transaction, before it",
+		Defines: []string{"ANSWER_OUTSIDE_TX"}, Breaks: "right_user"},
+	{Name: "reply-twice", Says: "a reply is applied however often it comes, and overwrites the link",
+		Defines: []string{"REPLY_TWICE"}, Breaks: "reply_once"},
+	{Name: "record-before-ack", Says: "the sender records a publish as done before the broker acknowledges it",
+		Defines: []string{"RECORD_BEFORE_ACK"}, Breaks: "no_lost_command"},
+	{Name: "fixed-message-id", Says: "the message id is the key alone, the same for the row's whole life",
+		Defines: []string{"FIXED_MSG_ID"}, Breaks: "redrive_reaches"},
+}
+
+// Models are both models, the HTTP hop's first.
+var Models = []*Model{
+	{Name: "http", File: "outbox.pml", spec: httpSpec, Properties: Properties, Mutations: Mutations},
+	{Name: "broker", File: "broker.pml", spec: brokerSpec, Properties: BrokerProperties, Mutations: BrokerMutations},
+}
+
+// Spec is the model's Promela text.
+func (m *Model) Spec() []byte { return m.spec }
+
+// PropertyNamed returns the model's property called name.
+func (m *Model) PropertyNamed(name string) (Property, bool) {
+	for _, p := range m.Properties {
 		if p.Name == name {
 			return p, true
 		}
@@ -120,17 +175,17 @@ func Tools() error {
 // safety property is searched depth-first without defines (the full
 // check) and, with them, shortened until no shorter counterexample is
 // found. work is a directory of its own for this run.
-func Check(ctx context.Context, work string, p Property, defines ...string) (Result, error) {
+func Check(ctx context.Context, work string, m *Model, p Property, defines ...string) (Result, error) {
 	start := time.Now()
 	res := Result{Property: p, Defines: defines}
-	if err := os.WriteFile(filepath.Join(work, "outbox.pml"), spec, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(work, m.File), m.spec, 0o600); err != nil {
 		return res, err
 	}
 	var flags []string
 	for _, d := range defines {
 		flags = append(flags, "-D"+d)
 	}
-	if _, err := run(ctx, work, "spin", append(append([]string{"-a"}, flags...), "outbox.pml")...); err != nil {
+	if _, err := run(ctx, work, "spin", append(append([]string{"-a"}, flags...), m.File)...); err != nil {
 		return res, fmt.Errorf("spin -a: %w", err)
 	}
 	// MEMLIM bounds the search at 8 GiB: past it pan stops and says so,
@@ -147,6 +202,12 @@ func Check(ctx context.Context, work string, p Property, defines ...string) (Res
 		// that ends (every process waits for ever) with the row unsettled,
 		// which its story shows.
 		pan = append(pan, "-a")
+		if p.Fair {
+			// Weak fairness keeps a copy of the state per process it
+			// tracks: NFAIR sizes that table for the broker model's seven.
+			cc = append(cc, "-DNFAIR=3")
+			pan = append(pan, "-f")
+		}
 	case len(defines) > 0:
 		// Depth-first, then shorter and shorter counterexamples (-i):
 		// the story a reader gets is a short one, at a fraction of what a
@@ -170,7 +231,7 @@ func Check(ctx context.Context, work string, p Property, defines ...string) (Res
 	}
 	if !res.Holds {
 		// The trail names the claim it broke.
-		trail, err := run(ctx, work, "spin", append(append([]string{"-t"}, flags...), "outbox.pml")...)
+		trail, err := run(ctx, work, "spin", append(append([]string{"-t"}, flags...), m.File)...)
 		if err != nil {
 			return res, fmt.Errorf("replay the counterexample: %w", err)
 		}
@@ -263,16 +324,17 @@ func tail(s string, n int) string {
 // A Job is one SPIN run of the suite: a property of the model as it is,
 // or a mutation with the property it must break.
 type Job struct {
+	Model    *Model
 	Property Property
 	Mutation *Mutation // nil for the model as it is
 }
 
-// Label names the job in output.
+// Label names the job in output: the model, and the property or mutation.
 func (j Job) Label() string {
 	if j.Mutation == nil {
-		return "property " + j.Property.Name
+		return j.Model.Name + " property " + j.Property.Name
 	}
-	return "mutation " + j.Mutation.Name
+	return j.Model.Name + " mutation " + j.Mutation.Name
 }
 
 // Passed says whether the result is what the job wants: the property
@@ -283,17 +345,31 @@ func (j Job) Passed(r Result) bool { return r.Holds == (j.Mutation == nil) }
 // mutation against the property it must break.
 func Suite() []Job {
 	var jobs []Job
-	for _, p := range Properties {
-		jobs = append(jobs, Job{Property: p})
-	}
-	for i := range Mutations {
-		m := &Mutations[i]
-		p, ok := PropertyNamed(m.Breaks)
-		if !ok {
-			panic("model: mutation " + m.Name + " breaks an unknown property " + m.Breaks)
+	for _, model := range Models {
+		for _, p := range model.Properties {
+			jobs = append(jobs, Job{Model: model, Property: p})
 		}
-		jobs = append(jobs, Job{Property: p, Mutation: m})
+		for i := range model.Mutations {
+			m := &model.Mutations[i]
+			p, ok := model.PropertyNamed(m.Breaks)
+			if !ok {
+				panic("model: mutation " + m.Name + " breaks an unknown property " + m.Breaks)
+			}
+			jobs = append(jobs, Job{Model: model, Property: p, Mutation: m})
+		}
 	}
+	// The longest first: the broker's liveness check under fairness takes
+	// minutes, the rest seconds, and begun last it would end the suite
+	// alone on one core.
+	slices.SortStableFunc(jobs, func(a, b Job) int {
+		switch {
+		case a.Property.Fair && a.Mutation == nil && !(b.Property.Fair && b.Mutation == nil):
+			return -1
+		case b.Property.Fair && b.Mutation == nil && !(a.Property.Fair && a.Mutation == nil):
+			return 1
+		}
+		return 0
+	})
 	return jobs
 }
 
@@ -324,7 +400,7 @@ func RunSuite(ctx context.Context, work string, jobs []Job, parallel int) <-chan
 					if j.Mutation != nil {
 						defines = j.Mutation.Defines
 					}
-					d.Result, d.Err = Check(ctx, dir, j.Property, defines...)
+					d.Result, d.Err = Check(ctx, dir, j.Model, j.Property, defines...)
 				}
 				done <- d
 			}()
@@ -340,7 +416,7 @@ func RunSuite(ctx context.Context, work string, jobs []Job, parallel int) <-chan
 // "counterexample found".
 func (d Done) Line() string {
 	if d.Err != nil {
-		return fmt.Sprintf("%-38s error: %v", d.Job.Label(), d.Err)
+		return fmt.Sprintf("%-45s error: %v", d.Job.Label(), d.Err)
 	}
 	verdict := "holds"
 	if !d.Result.Holds {
@@ -350,6 +426,6 @@ func (d Done) Line() string {
 	if d.Job.Mutation != nil {
 		what = d.Job.Mutation.Says + " (" + d.Job.Property.Name + ")"
 	}
-	return fmt.Sprintf("%-38s %9d states, depth %3d, %5.1fs  %s: %s",
+	return fmt.Sprintf("%-45s %9d states, depth %4d, %5.1fs  %s: %s",
 		d.Job.Label(), d.Result.States, d.Result.Depth, d.Result.Took.Seconds(), what, verdict)
 }
