@@ -42,7 +42,7 @@ e2e:
 model:
 	$(GO) run ./model/check
 
-## bench: the real binaries with shipped defaults against the database-only bound: intake, burndown, latency, idle CPU, for both sources of new rows (about 10 min)
+## bench: the real binaries with shipped defaults against the database-only bound: intake, burndown, latency, idle CPU, for both sources of new rows and the broker form beside the HTTP hop (about 15 min)
 bench:
 	$(GO) run ./testkit/bench $(BENCH_FLAGS)
 

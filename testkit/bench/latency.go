@@ -47,7 +47,7 @@ func openLoop(ctx context.Context, client *http.Client, base string, rate float6
 			break
 		}
 		if inFlight.Add(1) > maxInFlight {
-			cancel(fmt.Errorf("%.0f/s is not sustained: %d requests unanswered", rate, maxInFlight))
+			cancel(fmt.Errorf("%.0f/s is %w: %d requests unanswered", rate, errNotSustained, maxInFlight))
 			break
 		}
 		wg.Go(func() {
@@ -64,6 +64,22 @@ func openLoop(ctx context.Context, client *http.Client, base string, rate float6
 	}
 	wg.Wait()
 	return context.Cause(ctx)
+}
+
+// errNotSustained is a run whose rate outran the system: too many
+// requests were left unanswered to go on.
+var errNotSustained = errors.New("not sustained")
+
+// notSustained is the p99 (and p50, p90) of a run that did not sustain its
+// rate, where one is reported rather than fatal (the broker form's): it
+// fails any goal, and prints as "not sustained". 2^53 ns (104 days) is
+// far beyond any run and exact as a float64, which medians go through.
+const notSustained = time.Duration(1 << 53)
+
+// unsustainedResult is a run that did not sustain its rate.
+func unsustainedResult() latencyResult {
+	return latencyResult{p50: notSustained, p90: notSustained, p99: notSustained, slotLagMax: -1, serverCPU: -1,
+		cpuPerStudent: -1, usersPerRequest: -1}
 }
 
 // latencyResult is one run's creation-to-link latencies.

@@ -83,7 +83,7 @@ func TestReportLines(t *testing.T) {
 	), lines[len(lines)-13:])
 	text := strings.Join(lines, "\n")
 	require.Contains(t, text, "poll (default)")
-	require.Contains(t, text, "0.50 [0.45–0.75] MISS")
+	require.Contains(t, text, "0.50 [0.45–0.75] FAIL")
 	// Work: the median of the rounds that counted it; cdc counted none.
 	require.Regexp(t, `per student +statements 4\.35, commits 1\.15, WAL 3\.7 kB *\n`, text)
 	require.Regexp(t, `per student, burndown +statements 4\.35, commits 1\.15, WAL 3\.7 kB +statements -, commits -, WAL -`, text)
@@ -92,6 +92,60 @@ func TestReportLines(t *testing.T) {
 	lines = report(f)
 	require.Equal(t, pollLines, lines[len(lines)-8:])
 	require.NotContains(t, strings.Join(lines, "\n"), "cdc")
+	require.NotContains(t, strings.Join(lines, "\n"), "broker")
+
+	// The broker form: its four lines last, each ratio the median of the
+	// rounds' own (broker over poll in the same round), not a ratio of
+	// medians, and each goal judged.
+	perStudent := func(ms ...float64) latencyResult {
+		r := lat(100, -1)
+		r.cpuPerStudent = time.Duration(ms[0] * float64(time.Millisecond))
+		r.perStudent = map[string]time.Duration{usersBin: time.Millisecond, natsdBin: 700 * time.Microsecond}
+		return r
+	}
+	poll.latency[200] = []latencyResult{perStudent(3), perStudent(4), perStudent(5)}
+	broker := &sourceFigures{
+		burndown: []float64{900, 600, 1000}, burndownRatio: []float64{0.45, 0.3, 0.5},
+		latency: map[float64][]latencyResult{
+			200: {perStudent(3.6), perStudent(6), perStudent(5.5)}, // ratios 1.2, 1.5, 1.1
+			500: {lat(120, -1), lat(170, -1), lat(140, -1)},
+		},
+		idle: map[string]float64{studentBin: 0, usersBin: 0.1, senderBin: 0.3, natsdBin: 1.5},
+	}
+	f.src[formBroker] = broker
+	lines = report(f)
+	require.Equal(t, []string{
+		"broker_cpu_ms_per_student_at_200 5.50",
+		"broker_cpu_ratio_at_200 1.20",
+		"broker_burndown_ratio 0.90", // 900/1000, 600/1200, 1000/1100
+		"broker_p99_ms_at_500 140.0",
+	}, lines[len(lines)-4:])
+	require.Equal(t, pollLines[:2], lines[len(lines)-12:len(lines)-10], "poll's lines first, as they were")
+	text = strings.Join(lines, "\n")
+	require.Regexp(t, `CPU per student at 200/s +4\.00 ms \[3\.00–5\.00\] +5\.50 ms \[3\.60–6\.00\] +1\.20 \[1\.10–1\.50\] PASS +≤ 1\.3×`, text)
+	require.Regexp(t, `of it, natsd +0\.70 ms +0\.70 ms`, text)
+	require.Regexp(t, `burndown +1100 linked/s \[1000–1200\] +900 linked/s \[600–1000\] +0\.90 \[0\.50–0\.91\] PASS +≥ 0\.7×`, text)
+	require.Regexp(t, `latency at 500/s, p50 / p90 / p99 +50\.0 / 100\.0 / 200\.0 ms +35\.0 / 70\.0 / 140\.0 ms PASS +p99 ≤ 150\.0 ms`, text)
+	require.Regexp(t, `idle CPU, natsd +- +1\.50% of a core FAIL`, text)
+
+	// Each goal can fail.
+	broker.burndown = []float64{600, 700, 700}
+	broker.latency[200] = []latencyResult{perStudent(6), perStudent(6), perStudent(6)}
+	broker.latency[500] = []latencyResult{lat(151, -1), lat(151, -1), lat(151, -1)}
+	text = strings.Join(report(f), "\n")
+	require.Regexp(t, `CPU per student at 200/s .* 1\.50 \[1\.20–2\.00\] FAIL`, text)
+	require.Regexp(t, `burndown +1100 linked/s .* 0\.60 \[0\.58–0\.64\] FAIL`, text)
+	require.Regexp(t, `latency at 500/s, p50 .* 151\.0 ms FAIL`, text)
+
+	// A rate the broker form did not sustain in most rounds fails its goal
+	// and says so; the other figures still stand.
+	broker.latency[500] = []latencyResult{unsustainedResult(), lat(140, -1), unsustainedResult()}
+	lines = report(f)
+	require.Equal(t, "broker_p99_ms_at_500 inf", lines[len(lines)-1])
+	require.Regexp(t, `latency at 500/s, p50 / p90 / p99 +50\.0 / 100\.0 / 200\.0 ms +not sustained in most rounds FAIL`, strings.Join(lines, "\n"))
+	broker.latency[500] = []latencyResult{unsustainedResult(), lat(140, -1), lat(130, -1)}
+	lines = report(f)
+	require.Equal(t, "broker_p99_ms_at_500 140.0", lines[len(lines)-1], "the median of the rounds, one not sustained")
 }
 
 // TestSlotLagAndDrop samples a real slot's lag and drops the slot while a

@@ -431,8 +431,11 @@ func (s *system) launch(ctx context.Context, bin string) error {
 	if err != nil {
 		return err
 	}
-	if s.source == sourceCDC && bin == senderBin {
+	switch {
+	case s.source == sourceCDC && bin == senderBin:
 		p.peakKey = senderBin + " (cdc)"
+	case s.natsURL != "" && bin != studentBin:
+		p.peakKey = bin + " (broker)"
 	}
 	b.procs.add(p)
 	*slot = p
@@ -556,10 +559,14 @@ func (s *system) stop() {
 // this checkout whatever the build measured.
 const natsdBin = "natsd"
 
+// brokerEnv is the setting of the broker form: the sender delivers through
+// NATS JetStream, and Users reads the commands there.
+const brokerEnv = "SENDER_TRANSPORT=nats"
+
 // brokered says whether the binaries measured now run with
-// SENDER_TRANSPORT=nats (-env's, with -baseline).
+// SENDER_TRANSPORT=nats (the broker form's, or -env's with -baseline).
 func (b *bench) brokered() bool {
-	return slices.Contains(b.env, "SENDER_TRANSPORT=nats")
+	return slices.Contains(b.env, brokerEnv)
 }
 
 // startBroker starts a NATS server of the system's own, with the streams
