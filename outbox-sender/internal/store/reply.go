@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outboxref/internal/database"
 	"github.com/outboxref/outboxref/internal/outbox"
@@ -88,18 +89,31 @@ func (s *Store) applyReplies(ctx context.Context, actor string, rs []Reply) ([]R
 	}
 	// The rows first: a batch holding a repeat of a reply another batch
 	// is applying waits here for that one's commit, and then sees its
-	// reply in the inbox below.
-	locked, err := s.q.LockRowsForReplies(ctx, tx, keys)
-	if err != nil {
+	// reply in the inbox below. The two reads go out together, after the
+	// setting that has the transaction's statements run on generic plans
+	// (genericPlans, as the recording's): one round trip, not three.
+	var (
+		locked []outboxdb.LockRowsForRepliesRow
+		had    []uuid.UUID
+	)
+	reads := &pgx.Batch{}
+	reads.Queue(genericPlans)
+	// LockRowsForReplies' and RepliesReceived's texts, with their
+	// parameters in sqlc's order.
+	reads.Queue(outboxdb.LockRowsForReplies, keys).Query(func(rows pgx.Rows) (err error) {
+		locked, err = pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdb.LockRowsForRepliesRow])
+		return err
+	})
+	reads.Queue(outboxdb.RepliesReceived, ids).Query(func(rows pgx.Rows) (err error) {
+		had, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		return err
+	})
+	if err := tx.SendBatch(ctx, reads).Close(); err != nil {
 		return nil, fmt.Errorf("lock the answered rows: %w", err)
 	}
 	rows := make(map[uuid.UUID]*outboxdb.LockRowsForRepliesRow, len(locked))
 	for i := range locked {
 		rows[locked[i].IdempotencyKey] = &locked[i]
-	}
-	had, err := s.q.RepliesReceived(ctx, tx, ids)
-	if err != nil {
-		return nil, fmt.Errorf("look up received replies: %w", err)
 	}
 	seen := make(map[uuid.UUID]bool, len(rs))
 	for _, id := range had {

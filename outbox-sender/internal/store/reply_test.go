@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outboxref/db/migrations"
 	"github.com/outboxref/outboxref/internal/outbox"
+	"github.com/outboxref/outboxref/testkit/pgtest"
 )
 
 // outboxKey is the idempotency key of student's outbox row.
@@ -141,4 +143,40 @@ func TestParkedRepliesArePurged(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n, "both old ones, a batch of one at a time")
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM parked_replies WHERE stream_sequence = 3 AND size = 1048576"))
+}
+
+// TestApplyRepliesRunOnGenericPlans: the reply transaction's statements
+// are planned once per connection, as the recording's are (genericPlans).
+// One connection, so that every call and pg_prepared_statements share a
+// session.
+func TestApplyRepliesRunOnGenericPlans(t *testing.T) {
+	t.Parallel()
+	admin := pgtest.Pool(t, migrations.Student)
+	students := pgtest.AddStudents(t, admin, 16)
+	ctx := context.Background()
+	pool, st := oneSession(t, admin)
+
+	for i := range 8 {
+		var batch []Reply
+		for _, s := range students[2*i : 2*i+2] {
+			batch = append(batch, Reply{MessageID: uuid.New(), Key: outboxKey(t, admin, s), Outcome: outbox.OutcomeDelivered, UserID: uuid.New()})
+		}
+		applied, err := st.ApplyReplies(ctx, "test", batch)
+		require.NoError(t, err)
+		require.Equal(t, ReplyLinked, applied[1].Outcome)
+	}
+	require.Equal(t, 16, count(t, admin, "SELECT count(*) FROM outbox WHERE state = 'delivered'"))
+	for _, marker := range []string{
+		"-- name: LockRowsForReplies :many",
+		"-- name: LinkStudents :many",
+		"-- name: ReceiveReplies :many",
+		"-- name: RecordEvents :exec",
+	} {
+		var generic, custom int64
+		require.NoError(t, pool.QueryRow(ctx,
+			"SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE starts_with(statement, $1)",
+			marker).Scan(&generic, &custom), marker)
+		require.Equal(t, int64(0), custom, "%s: custom plans", marker)
+		require.Equal(t, int64(8), generic, "%s: generic plans", marker)
+	}
 }

@@ -27,6 +27,20 @@ func newStore(t *testing.T, n int) (*pgxpool.Pool, *Store, []uuid.UUID) {
 	return pool, New(pgtest.As(t, pool, migrations.OutboxSender), 3*time.Second), ids
 }
 
+// oneSession is a store of the sender's role on admin's database with a
+// pool of one connection, so that every call shares a session (and its
+// pg_prepared_statements), and that pool.
+func oneSession(t *testing.T, admin *pgxpool.Pool) (*pgxpool.Pool, *Store) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.RoleURL(t, admin.Config().ConnString(), migrations.OutboxSender))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, New(pool, 3*time.Second)
+}
+
 func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
 	return apitest.Count(t, pool, sql, args...)
@@ -302,13 +316,7 @@ func TestClaimAndRecordRunOnGenericPlans(t *testing.T) {
 	admin := pgtest.Pool(t, migrations.Student)
 	pgtest.AddStudents(t, admin, 16)
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pgtest.RoleURL(t, admin.Config().ConnString(), migrations.OutboxSender))
-	require.NoError(t, err)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	st := New(pool, 3*time.Second)
+	pool, st := oneSession(t, admin)
 
 	for range 8 {
 		rows, err := st.ClaimDue(ctx, lease, 2)
