@@ -145,6 +145,53 @@ func TestParkedRepliesArePurged(t *testing.T) {
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM parked_replies WHERE stream_sequence = 3 AND size = 1048576"))
 }
 
+// TestApplyRepliesEnteredMeanwhile: a reply another transaction enters
+// while a batch is between its look-up of the reply inbox and its writes
+// fails the batch, which then writes nothing (its link included), and the
+// batch read again finds the reply entered and applies the rest.
+func TestApplyRepliesEnteredMeanwhile(t *testing.T) {
+	t.Parallel()
+	admin := pgtest.Pool(t, migrations.Student)
+	students := pgtest.AddStudents(t, admin, 1)
+	st := New(pgtest.As(t, admin, migrations.OutboxSender), 30*time.Second)
+	ctx := context.Background()
+
+	// Another transaction enters a reply the batch will look up and not
+	// find: one whose key matches no row, so nothing is locked for it.
+	other, err := admin.Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx) //nolint:errcheck // committed below
+	entered := Reply{MessageID: uuid.New(), Key: uuid.New(), Outcome: outbox.OutcomeDelivered, UserID: uuid.New()}
+	_, err = other.Exec(ctx, "INSERT INTO reply_inbox (message_id, idempotency_key, outcome) VALUES ($1, $2, 'unmatched')", entered.MessageID, entered.Key)
+	require.NoError(t, err)
+	linkC := Reply{MessageID: uuid.New(), Key: outboxKey(t, admin, students[0]), Outcome: outbox.OutcomeDelivered, UserID: uuid.New()}
+	failed := make(chan error, 1)
+	go func() {
+		_, err := st.ApplyReplies(ctx, "test", []Reply{linkC, entered})
+		failed <- err
+	}()
+	// The batch's insert into the inbox waits on the other's uncommitted key.
+	require.Eventually(t, func() bool {
+		return count(t, admin, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND usename = $1 AND wait_event_type = 'Lock'", migrations.OutboxSender) == 1
+	}, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, other.Commit(ctx))
+	select {
+	case err = <-failed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the batch did not end after the other transaction committed")
+	}
+	require.Error(t, err, "the reply was entered meanwhile")
+	require.Zero(t, count(t, admin, "SELECT count(*) FROM students WHERE id = $1 AND user_id IS NOT NULL", students[0]), "nothing of the failed batch is kept")
+	require.Zero(t, count(t, admin, "SELECT count(*) FROM reply_inbox WHERE message_id = $1", linkC.MessageID))
+
+	// Read again, the batch finds the reply entered and links the student.
+	applied, err := st.ApplyReplies(ctx, "test", []Reply{linkC, entered})
+	require.NoError(t, err)
+	require.Equal(t, ReplyLinked, applied[0].Outcome)
+	require.Equal(t, ReplyRepeat, applied[1].Outcome)
+	require.Equal(t, 1, count(t, admin, "SELECT count(*) FROM students WHERE id = $1 AND user_id = $2", students[0], linkC.UserID))
+}
+
 // TestApplyRepliesRunOnGenericPlans: the reply transaction's statements
 // are planned once per connection, as the recording's are (genericPlans).
 // One connection, so that every call and pg_prepared_statements share a
