@@ -49,7 +49,9 @@ func TestRedriveAfterLostAnswersLinksTheSameUser(t *testing.T) {
 	cfg := sender.Config{
 		UsersURL: users.URL, UsersToken: flowToken, ID: "redrive-test", BatchSize: 10, Concurrency: 2, PollInterval: 20 * time.Millisecond,
 		Lease: 30 * time.Second, RequestTimeout: 2 * time.Second, MaxAttempts: 1000,
-		BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, MaxAge: time.Second,
+		// Five seconds of age for attempts 20-100ms apart: a loaded machine
+		// managed a single attempt within one second, and so no replay.
+		BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, MaxAge: 5 * time.Second,
 	}
 	stop := apitest.Start(t, sender.New(slog.New(slog.DiscardHandler), pgtest.As(t, f.studentPool, migrations.OutboxSender), cfg).Run)
 	require.Eventually(t, func() bool {

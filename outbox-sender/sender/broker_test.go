@@ -330,7 +330,13 @@ func TestBrokerRedriveReachesUsers(t *testing.T) {
 		return http.StatusCreated, map[string]any{"userId": users.userFor(key), "status": "created"}
 	})
 	addStudents(t, pool, 1)
-	run(t, pool, natsConfig(srv))
+	// The redrive is the only second publish: with the shared 200ms wait,
+	// a loaded machine answered the first publish after the row was
+	// published again, and that second answer linked the row before the
+	// redrive.
+	cfg := natsConfig(srv)
+	cfg.NATSAnswerWait = time.Minute
+	run(t, pool, cfg)
 	eventually(t, "the row dead, refused", func() bool {
 		return count(t, pool, "SELECT count(*) FROM outbox WHERE state = 'dead' AND reason_class = $1", outbox.ReasonRefused) == 1
 	})
