@@ -213,17 +213,5 @@ func TestApplyRepliesRunOnGenericPlans(t *testing.T) {
 		require.Equal(t, ReplyLinked, applied[1].Outcome)
 	}
 	require.Equal(t, 16, count(t, admin, "SELECT count(*) FROM outbox WHERE state = 'delivered'"))
-	for _, marker := range []string{
-		"-- name: LockRowsForReplies :many",
-		"-- name: LinkStudents :many",
-		"-- name: ReceiveReplies :many",
-		"-- name: RecordEvents :exec",
-	} {
-		var generic, custom int64
-		require.NoError(t, pool.QueryRow(ctx,
-			"SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE starts_with(statement, $1)",
-			marker).Scan(&generic, &custom), marker)
-		require.Equal(t, int64(0), custom, "%s: custom plans", marker)
-		require.Equal(t, int64(8), generic, "%s: generic plans", marker)
-	}
+	requireGenericPlans(t, pool, 8, "LockRowsForReplies :many", "LinkStudents :many", "ReceiveReplies :many", "RecordEvents :exec")
 }

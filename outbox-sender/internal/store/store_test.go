@@ -331,17 +331,21 @@ func TestClaimAndRecordRunOnGenericPlans(t *testing.T) {
 	}
 	require.Equal(t, 16, count(t, admin, "SELECT count(*) FROM outbox WHERE state = 'delivered'"))
 
-	for name, marker := range map[string]string{
-		"ClaimDue":     "-- name: ClaimDue :many",
-		"LinkStudents": "-- name: LinkStudents :many",
-		"RecordEvents": "-- name: RecordEvents :exec",
-	} {
+	requireGenericPlans(t, pool, 8, "ClaimDue :many", "LinkStudents :many", "RecordEvents :exec")
+}
+
+// requireGenericPlans fails unless each statement named (sqlc's name and
+// kind, as its text's first line says them) ran calls times on the pool's
+// one session, each on its generic plan.
+func requireGenericPlans(t *testing.T, pool *pgxpool.Pool, calls int64, statements ...string) {
+	t.Helper()
+	for _, name := range statements {
 		var generic, custom int64
-		require.NoError(t, pool.QueryRow(ctx,
+		require.NoError(t, pool.QueryRow(context.Background(),
 			"SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE starts_with(statement, $1)",
-			marker).Scan(&generic, &custom), name)
+			"-- name: "+name).Scan(&generic, &custom), name)
 		require.Equal(t, int64(0), custom, "%s: custom plans", name)
-		require.Equal(t, int64(8), generic, "%s: generic plans", name)
+		require.Equal(t, calls, generic, "%s: generic plans", name)
 	}
 }
 
