@@ -119,12 +119,24 @@ func (s *scenario) readSlot() (slotRow, error) {
 // have streamed, and the slot must end up confirmed past every change,
 // or it would hold WAL, and replay the whole run at the next start.
 func (s *scenario) checkStream() {
+	// A fault may have caught the stream before it began (slot creation
+	// waits for the transactions running then), and its next session
+	// starts only once the caught connection's deadline passed: wait for
+	// it, rather than judge the moment the rows happen to be settled.
 	streamed := 0
-	for _, p := range s.senders {
-		streamed += p.logCount(logStreaming)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		streamed = 0
+		for _, p := range s.senders {
+			streamed += p.logCount(logStreaming)
+		}
+		if streamed > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if streamed == 0 {
-		s.violate("no cdc sender ever streamed from the replication slot %s: the poll delivered everything, so the scenario did not test the stream", s.slot)
+		s.violate("no cdc sender streamed from the replication slot %s within 30s of quiet: the poll delivered everything, so the scenario did not test the stream", s.slot)
 		return
 	}
 	var target string

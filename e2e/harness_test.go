@@ -232,7 +232,7 @@ func runScenario(t *testing.T, def scenarioDef, bins buildSet) scenarioOutcome {
 	if len(out.violations) > 0 {
 		verdict = fmt.Sprintf("FAIL (%d)", len(out.violations))
 	}
-	recordResult(scenarioResult{name: def.id, source: sourceLabel(def), transport: transportLabel(def), build: bins.label, verdict: verdict, duration: out.duration, drain: out.drain, report: out.report})
+	recordResult(scenarioResult{name: def.id, source: sourceLabel(def), transport: transportLabel(def), build: bins.label, verdict: verdict, duration: out.duration, drain: out.drain, report: out.report, violations: out.violations})
 	t.Logf("%s (%s) finished in %s: %s", def.id, sourceLabel(def), out.duration.Round(100*time.Millisecond), verdict)
 	return out
 }

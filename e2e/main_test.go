@@ -66,6 +66,9 @@ type scenarioResult struct {
 	duration  time.Duration
 	drain     time.Duration // from the heal until every student was linked; 0 if not measured
 	report    invariant.Report
+	// violations is what the scenario found wrong, printed under the
+	// summary: CI keeps only the end of a long run's output.
+	violations []string
 }
 
 func TestMain(m *testing.M) {
@@ -266,6 +269,16 @@ func printSummary(total time.Duration) {
 			p.Students, p.Linked, p.Dead, p.Lost, p.Duplicated, p.Mislinked, p.Unexpected, p.Users, p.Redeliveries, p.Replays)
 	}
 	_ = w.Flush()
+	// A broken build is meant to fail: only the good build's failures are
+	// news.
+	for _, r := range suite.results {
+		if r.build != suite.good.label {
+			continue
+		}
+		for _, v := range r.violations {
+			fmt.Fprintf(&b, "%s (%s, %s) failed: %s\n", r.name, r.source, r.transport, v)
+		}
+	}
 	fmt.Printf("\ne2e summary (total %s):\n%s\n", total.Round(100*time.Millisecond), b.String())
 }
 
