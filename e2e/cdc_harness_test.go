@@ -123,7 +123,7 @@ func (s *scenario) checkStream() {
 	// waits for the transactions running then), and its next session
 	// starts only once the caught connection's deadline passed: wait for
 	// it, rather than judge the moment the rows happen to be settled.
-	streamed := 0
+	var streamed int
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		streamed = 0
