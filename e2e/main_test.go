@@ -67,7 +67,8 @@ type scenarioResult struct {
 	drain     time.Duration // from the heal until every student was linked; 0 if not measured
 	report    invariant.Report
 	// violations is what the scenario found wrong, printed under the
-	// summary: CI keeps only the end of a long run's output.
+	// summary for the good build: CI keeps only the end of a long run's
+	// output.
 	violations []string
 }
 
@@ -271,11 +272,16 @@ func printSummary(total time.Duration) {
 	_ = w.Flush()
 	// A broken build is meant to fail: only the good build's failures are
 	// news.
+	header := false
 	for _, r := range suite.results {
 		if r.build != suite.good.label {
 			continue
 		}
 		for _, v := range r.violations {
+			if !header {
+				b.WriteString("\nfailures of the good build:\n")
+				header = true
+			}
 			fmt.Fprintf(&b, "%s (%s, %s) failed: %s\n", r.name, r.source, r.transport, v)
 		}
 	}

@@ -175,16 +175,6 @@ func (p *pass) pages(ctx context.Context, next func(context.Context) (int, error
 	}
 }
 
-// record adds a case, or for a first sighting of the invariant's classes,
-// a suspect to read again.
-func (p *pass) record(class drift.Class, key uuid.UUID, info caseInfo, again bool) {
-	if class.Invariant() && !again {
-		p.suspectStudents[key] = true
-		return
-	}
-	p.found.add(class, key, info)
-}
-
 func compareIDs(a, b uuid.UUID) int { return slices.Compare(a[:], b[:]) }
 
 // recheck reads every suspect again and reports those still cases.

@@ -144,6 +144,16 @@ func (p *pass) judgeStudents(ctx context.Context, rows []studentRow, again bool)
 	return nil
 }
 
+// record adds a case, or for a first sighting of the invariant's classes,
+// a suspect to read again.
+func (p *pass) record(class drift.Class, key uuid.UUID, info caseInfo, again bool) {
+	if class.Invariant() && !again {
+		p.suspectStudents[key] = true
+		return
+	}
+	p.found.add(class, key, info)
+}
+
 // studentCase is a student's case of class: aged from its creation (a dead
 // row from its death), and for a row that waits, what it waits on.
 func (p *pass) studentCase(class drift.Class, r studentRow) caseInfo {
@@ -193,18 +203,4 @@ func (p *pass) usersOf(ctx context.Context, rows []studentRow) (map[string]answe
 	}
 	users, err := p.usersByID(ctx, ids)
 	return answers, users, err
-}
-
-func (p *pass) usersByID(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]drift.User, error) {
-	users := map[uuid.UUID]drift.User{}
-	if len(ids) == 0 {
-		return users, nil
-	}
-	found, err := uread(ctx, p, "users by id", func(ctx context.Context) ([]usersread.UsersByIDRow, error) {
-		return p.c.uq.UsersByID(ctx, p.c.users, ids)
-	})
-	for _, u := range found {
-		users[u.ID] = drift.User{ID: u.ID, DocumentNumber: u.DocumentNumber, Enabled: u.Enabled}
-	}
-	return users, err
 }

@@ -259,3 +259,18 @@ func (p *pass) orphans(ctx context.Context, ids []uuid.UUID) error {
 	}
 	return nil
 }
+
+// usersByID reads the users ids name.
+func (p *pass) usersByID(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]drift.User, error) {
+	users := map[uuid.UUID]drift.User{}
+	if len(ids) == 0 {
+		return users, nil
+	}
+	found, err := uread(ctx, p, "users by id", func(ctx context.Context) ([]usersread.UsersByIDRow, error) {
+		return p.c.uq.UsersByID(ctx, p.c.users, ids)
+	})
+	for _, u := range found {
+		users[u.ID] = drift.User{ID: u.ID, DocumentNumber: u.DocumentNumber, Enabled: u.Enabled}
+	}
+	return users, err
+}
